@@ -1,0 +1,6 @@
+"""Evaluation: every candidate in a fresh process, judged by the parent against reference outputs it alone holds."""
+from kernelevolve.evaluate.evaluator import EvalConfig, Evaluator, fresh_seed
+from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
+from kernelevolve.evaluate.timing import TimingConfig
+
+__all__ = ["Baseline", "EvalConfig", "Evaluator", "Result", "Status", "Timing", "TimingConfig", "fresh_seed"]

@@ -1,0 +1,134 @@
+"""Correctness and anti-cheat checks.
+
+Output comparison runs in the parent, which alone holds the reference outputs. The tamper snapshots run in the child,
+taken by the harness before the candidate is imported.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from typing import Any
+
+import torch
+
+# (atol, rtol) per output dtype, applied elementwise as |out - ref| <= atol + rtol * |ref|.
+# float32 allows for reordered reductions: a 4096-long dot product of unit normals differs by ~5e-4 between
+# summation orders. With ALLOW_TF32 the float32 entry becomes TF32_TOL (10-bit mantissa operands).
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-3, 1e-3),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+TF32_TOL = (1e-2, 1e-2)
+EXACT_TOL = (0.0, 0.0)  # integers and bool must match exactly
+
+SECRET_PATTERN = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
+
+
+def tolerance(dtype: torch.dtype, allow_tf32: bool = False, atol: float | None = None,
+              rtol: float | None = None) -> tuple[float, float]:
+    if dtype.is_floating_point or dtype.is_complex:
+        default = TF32_TOL if (allow_tf32 and dtype == torch.float32) else TOLERANCES.get(dtype, (1e-2, 1e-2))
+    else:
+        default = EXACT_TOL
+    return (default[0] if atol is None else atol, default[1] if rtol is None else rtol)
+
+
+def compare_outputs(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_tf32: bool = False,
+                    atol: float | None = None, rtol: float | None = None) -> str | None:
+    """None when ``out`` matches ``ref`` on every element; otherwise a one-line reason with mismatch statistics."""
+    if len(out) != len(ref):
+        return f"expected {len(ref)} output(s), got {len(out)}"
+    for i, (r, o) in enumerate(zip(ref, out)):
+        name = f"output {i}" if len(ref) > 1 else "output"
+        if type(o) is not torch.Tensor:
+            return f"{name} is {type(o).__name__}, not exactly torch.Tensor"
+        if o.shape != r.shape:
+            return f"{name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}"
+        if o.dtype != r.dtype:
+            return f"{name} has dtype {o.dtype}, expected {r.dtype}"
+        reason = _compare_values(r, o, *tolerance(r.dtype, allow_tf32, atol, rtol))
+        if reason:
+            return f"{name}: {reason}"
+    return None
+
+
+def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: float) -> str | None:
+    if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
+        bad = int((ref != out).sum())
+        return f"{bad} of {ref.numel()} elements differ (exact match required)" if bad else None
+    r, o = ref.double(), out.double()
+    nan_r, nan_o = torch.isnan(r), torch.isnan(o)
+    if not torch.equal(nan_r, nan_o):
+        return f"NaN pattern differs ({int(nan_r.sum())} NaN in reference, {int(nan_o.sum())} in output)"
+    inf_r, inf_o = torch.isinf(r), torch.isinf(o)
+    if not torch.equal(inf_r, inf_o) or not torch.equal(r[inf_r], o[inf_o]):
+        return "Inf pattern differs"
+    finite = ~(nan_r | inf_r)
+    r, o = r[finite], o[finite]
+    err = (o - r).abs()
+    bad = err > atol + rtol * r.abs()
+    n_bad = int(bad.sum())
+    if not n_bad:
+        return None
+    idx = int(torch.argmax(err))
+    return (f"{n_bad} of {ref.numel()} elements outside atol={atol:g} rtol={rtol:g}; "
+            f"max abs err {float(err[idx]):.3g} (out {float(o[idx]):.6g} vs ref {float(r[idx]):.6g})")
+
+
+def scrub_environment(env: dict[str, str]) -> dict[str, str]:
+    """A copy of ``env`` without API keys, tokens and other secrets."""
+    return {k: v for k, v in env.items() if not SECRET_PATTERN.search(k)}
+
+
+def timer_snapshot() -> dict[str, Any]:
+    """The identity of every clock and timing function a candidate could patch to fake its speed."""
+    snap: dict[str, Any] = {f"time.{n}": getattr(time, n) for n in
+                            ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
+                             "process_time", "sleep")}
+    snap["torch.cuda.synchronize"] = torch.cuda.synchronize
+    snap["torch.cuda.Event"] = torch.cuda.Event
+    for n in ("record", "elapsed_time", "synchronize", "query", "wait"):
+        snap[f"torch.cuda.Event.{n}"] = getattr(torch.cuda.Event, n)
+    snap["torch.cuda.current_stream"] = torch.cuda.current_stream
+    snap["torch.Tensor.zero_"] = torch.Tensor.zero_
+    try:
+        import triton.testing
+
+        snap["triton.testing.do_bench"] = triton.testing.do_bench
+    except ImportError:
+        pass
+    return snap
+
+
+def tampered(before: dict[str, Any]) -> list[str]:
+    """Names in ``before`` that no longer refer to the same object."""
+    now = timer_snapshot()
+    return [k for k, v in before.items() if now.get(k) is not v]
+
+
+def live_threads() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.is_alive() and t.ident is not None}
+
+
+def child_processes() -> set[int]:
+    """PIDs of live processes whose parent is this process (Linux /proc; empty elsewhere)."""
+    me, found = os.getpid(), set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            found.add(int(entry))
+    return found

@@ -1,0 +1,253 @@
+"""The parent side of evaluation: draws seeds, computes reference outputs, drives one child per candidate, judges."""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate.checks import compare_outputs
+from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
+from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
+from kernelevolve.evaluate.timing import TimingConfig, median
+from kernelevolve.problem import Problem, as_outputs, build_model, import_module_from_path, make_inputs, to_device
+
+log = logging.getLogger(__name__)
+
+# The parent's view of the measured loop may exceed what the child reports by this factor (plus the calibrated
+# per-repetition cost of the loop itself and a fixed allowance) before the timings are called forged.
+WALL_SLACK = 2.0
+WALL_ALLOWANCE_S = 0.25
+# A side stream is suspected when device-idle time exceeds stream time by more than the calibrated sync latency
+# plus this much (ms) or this fraction of the stream time.
+SIDE_STREAM_MS, SIDE_STREAM_FRAC = 0.02, 0.1
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(8), "little") & (2**63 - 1)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    device: str = "cpu"
+    timeout_s: float = 300.0
+    trials: int = 3
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    time_candidates: bool = True
+
+
+class _Verdict(Exception):
+    def __init__(self, status: Status, reason: str, error: str = ""):
+        super().__init__(reason)
+        self.status, self.reason, self.error = status, reason, error
+
+
+class Evaluator:
+    """Evaluates candidates for one problem on one device. Thread-safe: one call per worker thread."""
+
+    def __init__(self, problem: Problem, config: EvalConfig, workdir: str | Path | None = None):
+        self.problem, self.config = problem, config
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kernelevolve-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.module = import_module_from_path(problem.path, f"_ke_reference_{problem.short_sha}")
+        self.init_seed = fresh_seed()
+        self.state_path = self.workdir / "reference_state.pt"
+        torch.save(build_model(self.module, "Model", self.init_seed).state_dict(), self.state_path)
+        self._models: dict[str, torch.nn.Module] = {}
+        self._lock = threading.Lock()
+
+    # --- reference ------------------------------------------------------------------------------------------
+    def _ref_device(self, gpu: int | None) -> str:
+        return f"cuda:{gpu or 0}" if self.config.device == "cuda" else "cpu"
+
+    def reference(self, seed: int, shape: int = 0, gpu: int | None = None) -> tuple[torch.Tensor, ...]:
+        """The reference outputs for the inputs drawn with ``seed``, on the CPU. Never sent to a child."""
+        dev = self._ref_device(gpu)
+        with self._lock:
+            if dev not in self._models:
+                self._models[dev] = build_model(self.module, "Model", self.init_seed).to(dev)
+            model = self._models[dev]
+        inputs = to_device(make_inputs(self.module, seed, shape), dev)
+        with torch.no_grad():
+            torch.backends.cuda.matmul.allow_tf32 = self.problem.allow_tf32
+            outs = as_outputs(model(*inputs))
+        return tuple(o.detach().cpu() for o in outs)
+
+    # --- jobs -----------------------------------------------------------------------------------------------
+    def _job(self, mode: str, gpu: int | None, name: str, candidate: Candidate | None = None) -> dict[str, Any]:
+        job = {"mode": mode, "device": self.config.device, "gpu": gpu, "problem": self.problem.path,
+               "state_dict": str(self.state_path), "init_seed": self.init_seed, "log": str(self.workdir / f"{name}.log"),
+               "allow_tf32": self.problem.allow_tf32, "mutates_inputs": self.problem.mutates_inputs,
+               "timing": asdict(self.config.timing)}
+        if candidate is not None:
+            path = self.workdir / f"{name}.py"
+            path.write_text(candidate.source)
+            job.update(candidate=str(path), language=candidate.language)
+        return job
+
+    def evaluate(self, candidate: Candidate, gpu: int | None = None) -> Result:
+        """Run every check on ``candidate`` in a fresh process and time it. Never raises for candidate faults."""
+        name = f"cand_{candidate.sha[:12]}_{fresh_seed() % 10**6}"
+        job = self._job("candidate", gpu, name, candidate)
+        details: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        try:
+            with Child(job, self.config.timeout_s) as child:
+                result = self._drive(child, candidate, gpu, details)
+        except _Verdict as v:
+            result = Result(status=v.status, reason=v.reason, error=v.error, details=details)
+        except ChildTimeout:
+            result = Result(Status.TIMEOUT, f"no answer within {self.config.timeout_s:g} s; process group killed",
+                            details=details)
+        except ChildDied as e:
+            result = Result(Status.CRASHED, f"candidate process {e}", details=details)
+        return replace(result, wall_s=time.perf_counter() - t0, log=_tail(Path(job["log"])))
+
+    def _drive(self, child: Child, cand: Candidate, gpu: int | None, details: dict[str, Any]) -> Result:
+        _expect(child, "hello")
+        calib = self._timed(child, {"cmd": "calibrate"}, "calibrated")
+        loaded = _expect(child, "loaded", send={"cmd": "load"})
+        details.update(load_s=loaded["load_s"], kernels=loaded["kernels"], weights=loaded["weights"])
+        outputs = None
+        for trial in range(self.config.trials):
+            for shape in range(self.problem.n_shapes):
+                outputs = self._check_trial(child, "trial", shape, gpu, f"trial {trial + 1} shape {shape}")
+        self._check_trial(child, "recall", 0, gpu, "re-call with new values in the same input buffers")
+        launches = outputs["launches"] if outputs else 0
+        if cand.language == "triton" or loaded["kernels"]:
+            if launches == 0:
+                raise _Verdict(Status.REJECTED, "defines Triton kernels but launched none of them")
+            self._ghost(child, gpu)
+        timing_ = None
+        interpreted = self.config.device == "cpu" and (cand.language == "triton" or bool(loaded["kernels"]))
+        if self.config.time_candidates and not interpreted:
+            timing_ = self._time(child, calib, details)
+            self._check_trial(child, "trial", 0, gpu, "post-timing check")
+        child.send({"cmd": "done"})
+        reason = "verified" + ("" if timing_ else (
+            "; untimed: Triton interpreter timings are meaningless" if interpreted else "; untimed"))
+        return Result(Status.OK, reason, timing=timing_, timed=timing_ is not None, load_s=loaded["load_s"],
+                      compile_s=details.get("first_call_s"), details=details)
+
+    def _check_trial(self, child: Child, cmd: str, shape: int, gpu: int | None, what: str) -> dict[str, Any]:
+        seed = fresh_seed()
+        header, blob = _request(child, {"cmd": cmd, "seed": seed, "shape": shape}, "output")
+        outs = _load_tensors(blob)
+        reason = compare_outputs(self.reference(seed, shape, gpu), outs, self.problem.allow_tf32,
+                                 self.problem.atol, self.problem.rtol)
+        if reason:
+            raise _Verdict(Status.INCORRECT, f"{what}: {reason}")
+        return header
+
+    def _ghost(self, child: Child, gpu: int | None) -> None:
+        seed = fresh_seed()
+        header, blob = _request(child, {"cmd": "ghost", "seed": seed, "shape": 0}, "output")
+        if header.get("ghost_error"):
+            return
+        if compare_outputs(self.reference(seed, 0, gpu), _load_tensors(blob), self.problem.allow_tf32,
+                           self.problem.atol, self.problem.rtol) is None:
+            raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
+
+    def _timed(self, child: Child, cmd: dict[str, Any], reply: str) -> dict[str, Any]:
+        """Send a timing command; add the parent's own clock reading of the measured loop as ``parent_wall_s``."""
+        _request(child, cmd, "timing_begin")
+        t0 = time.perf_counter()
+        header = _expect(child, reply)
+        header["parent_wall_s"] = time.perf_counter() - t0
+        return header
+
+    def _time(self, child: Child, calib: dict[str, Any], details: dict[str, Any]) -> Timing:
+        res = self._timed(child, {"cmd": "time", "seeds": [fresh_seed() for _ in range(3)], "shape": 0}, "timed")
+        samples, device_ms = res["samples_ms"], res["device_ms"]
+        reps, wall = len(samples), res["parent_wall_s"]
+        per_rep_s = calib["parent_wall_s"] / max(calib["reps"], 1)
+        reported_s = sum(device_ms) / 1e3
+        details.update(reps=reps, input_sets=res["input_sets"], first_call_s=res.get("first_call_s"),
+                       parent_wall_s=wall, reported_s=reported_s)
+        if reported_s > wall * 1.05 + 0.01:
+            raise _Verdict(Status.REJECTED, f"reported {reported_s:.3f} s of runs inside a {wall:.3f} s window")
+        if wall > WALL_SLACK * (reported_s + reps * per_rep_s) + WALL_ALLOWANCE_S:
+            raise _Verdict(Status.REJECTED, f"timed loop took {wall:.3f} s by the parent's clock but the runs "
+                                            f"report {reported_s:.3f} s: forged or hidden timing")
+        chosen = samples
+        if res["method"] == "cuda-events":
+            gap, calib_gap = median([d - s for s, d in zip(samples, device_ms)]), median(
+                [d - s for s, d in zip(calib["samples_ms"], calib["device_ms"])])
+            if gap > calib_gap + max(SIDE_STREAM_MS, SIDE_STREAM_FRAC * median(samples)):
+                details["side_stream"] = f"work outlived the calling stream by {gap:.3f} ms; timed to device idle"
+                chosen = device_ms
+        return Timing.from_samples(chosen, res["method"])
+
+    # --- baseline -------------------------------------------------------------------------------------------
+    def baseline(self, gpu: int | None = None, compiled: bool = True) -> Baseline:
+        """Time the reference twice, as candidates are timed: eager and under torch.compile (default mode)."""
+        timings: dict[str, Timing | None] = {"eager": None, "compiled": None}
+        compile_s, error = None, ""
+        for key in ("eager", "compiled") if compiled else ("eager",):
+            job = self._job("baseline", gpu, f"baseline_{key}_{fresh_seed() % 10**6}")
+            try:
+                with Child(job, self.config.timeout_s) as child:
+                    _expect(child, "hello")
+                    _expect(child, "loaded", send={"cmd": "load"})
+                    res = self._timed(child, {"cmd": "time", "seeds": [fresh_seed() for _ in range(3)],
+                                              "compiled": key == "compiled"}, "timed")
+                    child.send({"cmd": "done"})
+                timings[key] = Timing.from_samples(res["samples_ms"], res["method"])
+                if key == "compiled":
+                    compile_s = res.get("first_call_s")
+            except (_Verdict, ChildTimeout, ChildDied) as e:
+                error += f"{key}: {e or type(e).__name__}; "
+                log.warning("baseline %s failed: %s", key, e)
+        return Baseline(self.config.device, timings["eager"], timings["compiled"], compile_s, error.strip())
+
+
+def _request(child: Child, cmd: dict[str, Any], reply: str) -> tuple[dict[str, Any], bytes]:
+    child.send(cmd)
+    header, blob = child.recv()
+    _raise_on_fail(header, reply)
+    return header, blob
+
+
+def _expect(child: Child, reply: str, send: dict[str, Any] | None = None) -> dict[str, Any]:
+    if send is not None:
+        child.send(send)
+    header, _ = child.recv()
+    _raise_on_fail(header, reply)
+    return header
+
+
+def _raise_on_fail(header: dict[str, Any], reply: str) -> None:
+    msg = header.get("msg")
+    if msg == "fail":
+        try:
+            status = Status(header.get("status"))
+        except ValueError:
+            status = Status.RUNTIME_ERROR
+        raise _Verdict(status, str(header.get("reason", ""))[:500], str(header.get("error", ""))[-8000:])
+    if msg != reply:
+        raise _Verdict(Status.REJECTED, f"protocol violation: expected {reply!r}, got {str(msg)[:40]!r}")
+
+
+def _load_tensors(blob: bytes) -> tuple[Any, ...]:
+    """Tensors from a child. weights_only: a forged payload cannot run code in the parent."""
+    try:
+        value = torch.load(io.BytesIO(blob), weights_only=True)
+    except Exception as e:
+        raise _Verdict(Status.REJECTED, f"unreadable output payload: {type(e).__name__}") from e
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-limit:].decode(errors="replace")

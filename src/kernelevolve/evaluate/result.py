@@ -1,0 +1,101 @@
+"""Result of evaluating one candidate: a status from a closed enum, a one-line reason, timings and speedups."""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    INCORRECT = "incorrect"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    REJECTED = "rejected"  # a cheat was detected
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and spread of repeated measurements, in milliseconds."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    reps: int
+    method: str  # "cuda-events" or "perf_counter"
+
+    @classmethod
+    def from_samples(cls, samples_ms: list[float], method: str) -> "Timing":
+        s = sorted(samples_ms)
+        n = len(s)
+        median = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+        return cls(median_ms=median, min_ms=s[0], max_ms=s[-1], reps=n, method=method)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The reference timed twice, the same way as candidates: eager and under torch.compile (default mode)."""
+
+    device: str
+    eager: Timing | None
+    compiled: Timing | None
+    compile_s: float | None = None
+    error: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Baseline":
+        d = json.loads(text)
+        for k in ("eager", "compiled"):
+            d[k] = Timing(**d[k]) if d.get(k) else None
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Result:
+    status: Status
+    reason: str
+    timing: Timing | None = None
+    timed: bool = False  # False when timings would be meaningless (Triton interpreter) or were skipped
+    load_s: float | None = None  # import + construction of ModelNew
+    compile_s: float | None = None  # first call (JIT / autotune / Inductor compile), apart from run time
+    wall_s: float | None = None  # the whole evaluation as the parent saw it
+    speedup_eager: float | None = None
+    speedup_compile: float | None = None
+    error: str = ""  # traceback or mismatch details
+    log: str = ""  # the tail of the candidate process's stdout/stderr
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def runtime_ms(self) -> float | None:
+        return self.timing.median_ms if self.timing else None
+
+    def with_baseline(self, baseline: Baseline | None) -> "Result":
+        if baseline is None or not self.timed or self.timing is None:
+            return self
+        eager = baseline.eager.median_ms / self.timing.median_ms if baseline.eager else None
+        comp = baseline.compiled.median_ms / self.timing.median_ms if baseline.compiled else None
+        return replace(self, speedup_eager=eager, speedup_compile=comp)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Result":
+        d = dict(d)
+        d["status"] = Status(d["status"])
+        d["timing"] = Timing(**d["timing"]) if d.get("timing") else None
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+

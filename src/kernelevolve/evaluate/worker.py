@@ -1,0 +1,328 @@
+"""The evaluation child: one fresh process per candidate, driven command by command by the parent.
+
+The parent sends JSON commands; this process answers each with exactly one JSON header, optionally followed by a blob
+of tensors saved with ``torch.save``. stdout and stderr go to a log file and are never read as results. The child
+never holds a reference output: it sends its own outputs, and the parent judges them.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+import torch
+
+from kernelevolve.evaluate import checks, timing
+from kernelevolve.problem import as_outputs, import_module_from_path, make_inputs, seed_everything, to_device
+
+CANDIDATE_MODULE = "ke_candidate"
+PROBLEM_MODULE = "ke_problem"
+_perf = timing._perf
+
+
+class Fail(Exception):
+    """Ends the evaluation with a status other than ok."""
+
+    def __init__(self, status: str, reason: str, error: str = ""):
+        super().__init__(reason)
+        self.status, self.reason, self.error = status, reason, error
+
+
+class Channel:
+    """Length-framed messages: a JSON header line, then an optional binary blob."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+
+    def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
+        self.conn.send_bytes(json.dumps(header).encode() + b"\n" + blob)
+
+    def recv(self) -> dict[str, Any]:
+        return json.loads(self.conn.recv_bytes())
+
+
+def child_main(conn: Any, job: dict[str, Any]) -> None:
+    """Entry point of the child process (forked from the fork server, so torch is already imported)."""
+    try:
+        os.setsid()  # own process group: the parent kills the whole group on timeout
+    except OSError:
+        pass
+    _redirect_output(job["log"])
+    clean = checks.scrub_environment(dict(os.environ))
+    os.environ.clear()
+    os.environ.update(clean)
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # no compile worker pool outliving a call
+    if job.get("gpu") is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(job["gpu"])
+    if job["device"] == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    chan = Channel(conn)
+    try:
+        Session(job, chan).serve()
+    except Fail as f:
+        _send_quietly(chan, {"msg": "fail", "status": f.status, "reason": f.reason, "error": f.error})
+    except BaseException as e:  # the harness's own failure, or SystemExit raised by the candidate
+        _send_quietly(chan, {"msg": "fail", "status": "runtime_error", "reason": _one_line(e),
+                             "error": traceback.format_exc()})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # skip atexit handlers a candidate may have registered
+
+
+def _send_quietly(chan: Channel, header: dict[str, Any]) -> None:
+    try:
+        chan.send(header)
+    except (OSError, ValueError):
+        pass
+
+
+def _redirect_output(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), line_buffering=True)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def classify(e: BaseException) -> str:
+    """Map an exception raised while running a candidate to a status."""
+    names = " ".join(f"{c.__module__}.{c.__name__}" for c in type(e).__mro__)
+    if "CompilationError" in names or "BackendCompilerFailed" in names or "triton.compiler" in names:
+        return "compile_error"
+    return "runtime_error"
+
+
+class Session:
+    """Holds the loaded model and answers the parent's commands."""
+
+    def __init__(self, job: dict[str, Any], chan: Channel):
+        self.job, self.chan = job, chan
+        self.device = job["device"]
+        self.cfg = timing.TimingConfig(**job.get("timing", {}))
+        torch.backends.cuda.matmul.allow_tf32 = bool(job.get("allow_tf32"))
+        torch.backends.cudnn.allow_tf32 = bool(job.get("allow_tf32"))
+        self.timers = checks.timer_snapshot()
+        self.threads = checks.live_threads()
+        self.procs = checks.child_processes()
+        self.model: Any = None
+        self.problem: Any = None
+        self.kernels: list[str] = []
+        self.launches = 0
+        self.ghost = False
+        self.inputs: list[Any] | None = None
+        self.first_call_s: float | None = None
+        self._hook_triton()
+
+    def serve(self) -> None:
+        self.chan.send({"msg": "hello", "pid": os.getpid()})
+        while True:
+            cmd = self.chan.recv()
+            if cmd["cmd"] == "done":
+                return
+            getattr(self, f"cmd_{cmd['cmd']}")(cmd)
+
+    # --- commands -------------------------------------------------------------------------------------------
+    def cmd_calibrate(self, cmd: dict[str, Any]) -> None:
+        noop = lambda *args: None  # noqa: E731
+        cfg = timing.TimingConfig(budget_ms=50.0, warmup_ms=5.0, min_reps=20, max_reps=200)
+        self._timed(noop, [[]], cfg, "calibrated")
+
+    def cmd_load(self, cmd: dict[str, Any]) -> None:
+        t0 = _perf()
+        self.problem = import_module_from_path(self.job["problem"], PROBLEM_MODULE)
+        if self.job["mode"] == "baseline":
+            self.model = self._build(self.problem, "Model").to(self.device)
+            self.compiled = None
+        else:
+            self.model, weights = self._load_candidate()
+        self._check_tamper("import")
+        self.chan.send({"msg": "loaded", "load_s": _perf() - t0, "kernels": self.kernels,
+                        "weights": "reference" if self.job["mode"] == "baseline" else weights})
+
+    def cmd_trial(self, cmd: dict[str, Any]) -> None:
+        self.inputs = to_device(make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0)), self.device)
+        self._send_outputs(self._call(self.inputs))
+
+    def cmd_recall(self, cmd: dict[str, Any]) -> None:
+        """New values in the same input buffers: an output cached by pointer, id or first call goes stale."""
+        fresh = to_device(make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0)), self.device)
+        assert self.inputs is not None, "recall before trial"
+        for old, new in zip(self.inputs, fresh):
+            if isinstance(old, torch.Tensor):
+                old.copy_(new)
+        self._send_outputs(self._call(self.inputs))
+
+    def cmd_ghost(self, cmd: dict[str, Any]) -> None:
+        """Run with the candidate's own Triton kernels disabled: the output must then be wrong."""
+        inputs = to_device(make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0)), self.device)
+        self.ghost = True
+        try:
+            with torch.no_grad():
+                out = self.model(*inputs)
+            self._sync()
+            outs = as_outputs(out)
+        except Exception as e:  # a crash with kernels disabled is a pass for the candidate
+            self.chan.send({"msg": "output", "ghost_error": _one_line(e)})
+            return
+        finally:
+            self.ghost = False
+        self._send_outputs(outs, check_types=False)
+
+    def cmd_time(self, cmd: dict[str, Any]) -> None:
+        sets = self._input_sets(cmd["seeds"], cmd.get("shape", 0))
+        fn = self.model
+        if cmd.get("compiled"):
+            t0 = _perf()
+            fn = torch.compile(self.model)
+            with torch.no_grad():
+                fn(*sets[0])
+            self._sync()
+            self.first_call_s = _perf() - t0
+        with torch.no_grad():
+            self._timed(fn, sets, self.cfg, "timed")
+        self._check_tamper("timing")
+
+    # --- helpers --------------------------------------------------------------------------------------------
+    def _timed(self, fn: Any, sets: list[list[Any]], cfg: timing.TimingConfig, reply: str) -> None:
+        calls, reps = timing.warm_up(fn, sets, self.device, cfg)
+        self.chan.send({"msg": "timing_begin", "reps": reps})
+        run = timing.measure(fn, sets, self.device, reps, cfg, calls)
+        self.chan.send({"msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
+                        "loop_wall_s": run.loop_wall_s, "reps": reps, "warmup_calls": calls, "method": run.method,
+                        "input_sets": len(sets), "first_call_s": self.first_call_s})
+
+    def _input_sets(self, seeds: list[int], shape: int) -> list[list[Any]]:
+        """Several input sets to rotate through, as many as fit in a quarter of free memory (at least one)."""
+        first = to_device(make_inputs(self.problem, seeds[0], shape), self.device)
+        size = sum(v.numel() * v.element_size() for v in first if isinstance(v, torch.Tensor))
+        free = torch.cuda.mem_get_info()[0] if self.device == "cuda" else 4 << 30
+        n = max(1, min(len(seeds), int(free / 4 // max(size, 1))))
+        return [first] + [to_device(make_inputs(self.problem, s, shape), self.device) for s in seeds[1:n]]
+
+    def _build(self, module: Any, cls_name: str) -> torch.nn.Module:
+        seed_everything(self.job["init_seed"])
+        return getattr(module, cls_name)(*self.problem.get_init_inputs())
+
+    def _load_candidate(self) -> tuple[torch.nn.Module, str]:
+        try:
+            cand = import_module_from_path(self.job["candidate"], CANDIDATE_MODULE)
+        except SyntaxError as e:
+            raise Fail("compile_error", f"syntax error at line {e.lineno}: {e.msg}", traceback.format_exc())
+        except Exception as e:
+            raise Fail("compile_error", f"import failed: {_one_line(e)}", traceback.format_exc())
+        self._check_tamper("import")
+        if not isinstance(getattr(cand, "ModelNew", None), type):
+            raise Fail("compile_error", "the candidate defines no class ModelNew")
+        self.kernels = [n for n, v in vars(cand).items() if _is_triton_kernel(v)]
+        try:
+            model = self._build(cand, "ModelNew")
+            state = torch.load(self.job["state_dict"], weights_only=True)
+            weights = "seed"
+            if set(model.state_dict()) == set(state):
+                model.load_state_dict(state)
+                weights = "state_dict"
+            return model.to(self.device), weights
+        except Exception as e:
+            raise Fail("runtime_error", f"ModelNew construction failed: {_one_line(e)}", traceback.format_exc())
+
+    def _call(self, inputs: list[Any]) -> tuple[Any, ...]:
+        before = [v.clone() if isinstance(v, torch.Tensor) else None for v in inputs]
+        t0 = _perf()
+        try:
+            with torch.no_grad():
+                out = self.model(*inputs)
+            self._sync()
+        except Exception as e:
+            raise Fail(classify(e), _one_line(e), traceback.format_exc())
+        if self.first_call_s is None:
+            self.first_call_s = _perf() - t0
+        self._check_tamper("call")
+        if not self.job.get("mutates_inputs"):
+            for i, (b, v) in enumerate(zip(before, inputs)):
+                if b is not None and not _same(b, v):
+                    raise Fail("rejected", f"forward modified input {i} (the reference does not)")
+        return as_outputs(out)
+
+    def _send_outputs(self, outs: tuple[Any, ...], check_types: bool = True) -> None:
+        if check_types:
+            for i, o in enumerate(outs):
+                if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
+                    raise Fail("rejected", f"output {i} is a {type(o).__name__}, a torch.Tensor subclass")
+                if not isinstance(o, torch.Tensor):
+                    raise Fail("incorrect", f"output {i} is {type(o).__name__}, not a torch.Tensor")
+                if o.device.type != torch.device(self.device).type:
+                    raise Fail("incorrect", f"output {i} is on {o.device}, expected {self.device}")
+        buf = io.BytesIO()
+        torch.save(tuple(o.detach().cpu().clone() for o in outs if type(o) is torch.Tensor), buf)
+        self.chan.send({"msg": "output", "launches": self.launches, "first_call_s": self.first_call_s},
+                       buf.getvalue())
+
+    def _check_tamper(self, when: str) -> None:
+        changed = checks.tampered(self.timers)
+        if changed:
+            raise Fail("rejected", f"timing functions replaced after {when}: {', '.join(changed)}")
+        threads = checks.live_threads() - self.threads
+        if threads:
+            raise Fail("rejected", f"{len(threads)} thread(s) started by the candidate still running after {when}")
+        procs = checks.child_processes() - self.procs
+        if procs:
+            raise Fail("rejected", f"{len(procs)} child process(es) still running after {when}")
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            timing._sync()
+
+    def _hook_triton(self) -> None:
+        """Count launches of the candidate's own Triton kernels, and let a ghost run skip them."""
+        if "triton" not in sys.modules and self.job.get("language") != "triton":
+            return
+        try:
+            from triton.runtime.jit import JITFunction
+        except ImportError:
+            return
+        classes: list[type] = [JITFunction]
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            classes.append(InterpretedFunction)
+        except ImportError:
+            pass
+        for cls in classes:
+            cls.run = self._counting_run(cls.run)
+
+    def _counting_run(self, original: Any) -> Any:
+        session = self
+
+        def run(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(getattr(kernel, "fn", None), "__module__", None) == CANDIDATE_MODULE:
+                session.launches += 1
+                if session.ghost:
+                    return None
+            return original(kernel, *args, **kwargs)
+
+        return run
+
+
+def _is_triton_kernel(value: Any) -> bool:
+    try:
+        from triton.runtime.jit import KernelInterface
+    except ImportError:
+        return False
+    return isinstance(value, KernelInterface)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise-equal values, with NaN equal to NaN."""
+    if not (a.is_floating_point() or a.is_complex()):
+        return torch.equal(a, b)
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())

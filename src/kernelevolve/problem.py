@@ -1,0 +1,189 @@
+"""Load and validate a KernelBench-format problem file.
+
+A problem file defines ``class Model(nn.Module)``, ``get_inputs()`` (CPU tensors) and ``get_init_inputs()``
+(constructor arguments). Optional module-level extensions:
+
+- ``ATOL`` / ``RTOL``: tolerances that replace the per-dtype defaults;
+- ``ALLOW_TF32 = True``: float32 matmuls may use TF32 (the fp32 tolerance is loosened to match);
+- ``get_extra_inputs()``: a list of further input lists (other shapes) that every candidate is verified on.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Sequence
+
+import torch
+
+
+class ProblemError(Exception):
+    """A problem file that cannot be used: names the file and the cause in one line."""
+
+    def __init__(self, path: str | Path, cause: str):
+        super().__init__(f"{path}: {cause}")
+        self.path, self.cause = str(path), cause
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    source: str
+    sha: str
+    name: str
+    atol: float | None = None
+    rtol: float | None = None
+    allow_tf32: bool = False
+    n_shapes: int = 1
+    mutates_inputs: bool = False
+    output_dtypes: tuple[str, ...] = ()
+
+    @property
+    def short_sha(self) -> str:
+        return self.sha[:12]
+
+
+def source_sha(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def import_module_from_path(path: str | Path, name: str) -> ModuleType:
+    """Execute a Python file as a fresh module called ``name`` (registered in sys.modules)."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed % 2**32)
+
+
+def n_shapes(module: ModuleType) -> int:
+    extra = getattr(module, "get_extra_inputs", None)
+    return 1 + (len(extra()) if callable(extra) else 0)
+
+
+def make_inputs(module: ModuleType, seed: int, shape_index: int = 0) -> list[Any]:
+    """The problem's inputs for one seed: shape 0 is ``get_inputs()``, shape k>0 is ``get_extra_inputs()[k-1]``."""
+    seed_everything(seed)
+    if shape_index == 0:
+        return list(module.get_inputs())
+    return list(module.get_extra_inputs()[shape_index - 1])
+
+
+def build_model(module: ModuleType, cls_name: str, init_seed: int) -> torch.nn.Module:
+    seed_everything(init_seed)
+    return getattr(module, cls_name)(*module.get_init_inputs())
+
+
+def as_outputs(out: Any) -> tuple[Any, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def to_device(values: Sequence[Any], device: str | torch.device) -> list[Any]:
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _check_attr(path: Path, module: ModuleType, name: str, kind: str) -> None:
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise ProblemError(path, f"defines no {kind} `{name}`")
+    if not callable(obj):
+        raise ProblemError(path, f"`{name}` is not callable")
+
+
+def _call(path: Path, what: str, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # the user's code: any failure is a bad problem file
+        raise ProblemError(path, f"{what} raised {type(e).__name__}: {_first_line(e)}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else ""
+
+
+def load_problem(path: str | Path, device: str = "cpu") -> Problem:
+    """Import the problem file, run its reference once on ``device`` and return a validated Problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProblemError(path, "no such file")
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProblemError(path, f"cannot read: {e}") from e
+    sha = source_sha(source)
+    try:
+        compile(source, str(path), "exec")
+    except SyntaxError as e:
+        raise ProblemError(path, f"syntax error at line {e.lineno}: {e.msg}") from e
+    try:
+        module = import_module_from_path(path, f"_ke_problem_{sha[:12]}")
+    except Exception as e:
+        raise ProblemError(path, f"import failed: {type(e).__name__}: {_first_line(e)}") from e
+    _check_attr(path, module, "Model", "class")
+    _check_attr(path, module, "get_inputs", "function")
+    _check_attr(path, module, "get_init_inputs", "function")
+    if not isinstance(module.Model, type) or not issubclass(module.Model, torch.nn.Module):
+        raise ProblemError(path, "`Model` is not a subclass of torch.nn.Module")
+    init = _call(path, "get_init_inputs()", module.get_init_inputs)
+    if not isinstance(init, (list, tuple)):
+        raise ProblemError(path, f"get_init_inputs() returned {type(init).__name__}, expected a list")
+    shapes = _call(path, "get_extra_inputs()", n_shapes, module)
+    model = _call(path, "Model(*get_init_inputs())", build_model, module, "Model", 0).to(device)
+    dtypes: tuple[str, ...] = ()
+    mutates = False
+    for k in range(shapes):
+        inputs = _call(path, "get_inputs()" if k == 0 else f"get_extra_inputs()[{k - 1}]", make_inputs, module, 0, k)
+        inputs = to_device(inputs, device)
+        before = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
+        with torch.no_grad():
+            out = _call(path, "Model.forward", model, *inputs)
+        outs = as_outputs(out)
+        bad = [type(o).__name__ for o in outs if not isinstance(o, torch.Tensor)]
+        if bad or not outs:
+            raise ProblemError(path, f"forward returned a non-tensor output ({', '.join(bad) or 'empty'})")
+        if k == 0:
+            dtypes = tuple(str(o.dtype).removeprefix("torch.") for o in outs)
+        mutates = mutates or any(
+            isinstance(b, torch.Tensor) and not torch.equal(b, v) for b, v in zip(before, inputs)
+        )
+    return Problem(
+        path=str(path.resolve()),
+        source=source,
+        sha=sha,
+        name=path.stem,
+        atol=_float_attr(path, module, "ATOL"),
+        rtol=_float_attr(path, module, "RTOL"),
+        allow_tf32=bool(getattr(module, "ALLOW_TF32", False)),
+        n_shapes=shapes,
+        mutates_inputs=mutates,
+        output_dtypes=dtypes,
+    )
+
+
+def _float_attr(path: Path, module: ModuleType, name: str) -> float | None:
+    value = getattr(module, name, None)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError) as e:
+        raise ProblemError(path, f"{name} must be a number, got {value!r}") from e

@@ -1,0 +1,251 @@
+"""A self-contained HTML report for one run: inline CSS and SVG only, so it views offline."""
+from __future__ import annotations
+
+import html
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+NONE = "—"
+STATUS_COLORS = {
+    "ok": "#1a7f37", "incorrect": "#bc4c00", "compile_error": "#cf222e", "runtime_error": "#cf222e",
+    "timeout": "#8250df", "crashed": "#82071e", "rejected": "#6e7781",
+}
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;color:#1f2328;background:#fff;margin:0 auto;max-width:1200px;padding:16px 24px}
+h1{margin:0 0 4px}h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:28px}
+.meta{color:#59636e}.cards{display:flex;flex-wrap:wrap;gap:10px}
+.card{border:1px solid #d0d7de;border-radius:6px;padding:8px 14px;background:#f6f8fa;min-width:110px}
+.card b{display:block;font-size:20px}.card span{color:#59636e;font-size:12px}
+table{border-collapse:collapse;margin:8px 0}
+th,td{border-bottom:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.badge{color:#fff;border-radius:10px;padding:1px 8px;font-size:12px;white-space:nowrap}
+.untimed{background:#fff8c5;color:#7d4e00;border:1px solid #d4a72c}tr.untimed-row td{background:#fffdf0}
+pre{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:10px;overflow:auto;max-height:600px}
+pre.err{background:#fff0f0;border-color:#ffc1c0}details summary{cursor:pointer;color:#0969da}
+svg text{font:11px system-ui,sans-serif;fill:#59636e}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _num(value: float | int | None, spec: str = ".4g", suffix: str = "") -> str:
+    return NONE if value is None else f"{value:{spec}}{suffix}"
+
+
+def _si(value: float | int | None, unit: str) -> str:
+    if value is None:
+        return NONE
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def _x(value: float | None) -> str:
+    return _num(value, ".2f", "x")
+
+
+def _table(headers: list[str], rows: list[list[str]], num_cols: frozenset[int] = frozenset()) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f'<td{" class=num" if i in num_cols else ""}>{c}</td>' for i, c in enumerate(r)) + "</tr>"
+        for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _kv(pairs: list[tuple[str, str]]) -> str:
+    return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in pairs) + "</table>"
+
+
+def _badge(status: str | None) -> str:
+    color = STATUS_COLORS.get(status or "", "#57606a")
+    return f'<span class="badge" style="background:{color}">{_e(status or "unknown")}</span>'
+
+
+def _code(source: str | None, cls: str = "") -> str:
+    attr = f' class="{cls}"' if cls else ""
+    return f"<pre{attr}><code>{_e(source)}</code></pre>" if source else f"<p>{NONE}</p>"
+
+
+def _timed_ok(nodes: list[dict]) -> list[dict]:
+    ok = [n for n in nodes if n.get("status") == "ok" and n.get("timed") and n.get("runtime_ms") is not None]
+    return sorted(ok, key=lambda n: n.get("id", 0))
+
+
+def _header(view: dict) -> str:
+    run, problem = view.get("run") or {}, view.get("problem") or {}
+    versions = ", ".join(f"{k} {_e(run.get(f'{k}_version') or NONE)}" for k in ("kernelevolve", "torch", "triton"))
+    config = json.dumps(run.get("config") or {}, indent=2, sort_keys=True, default=str)
+    return (f"<h1>{_e(problem.get('name') or 'problem')}: run {_e(run.get('id'))}</h1>"
+            f'<p class="meta">device {_e(run.get("device"))} · status {_e(run.get("status"))} · '
+            f"created {_e(run.get('created'))} · finished {_e(run.get('finished') or NONE)}<br>{versions}<br>"
+            f"problem {_e(problem.get('path'))} · sha {_e((problem.get('sha') or '')[:12])}</p>"
+            f"<details><summary>config</summary>{_code(config)}</details>")
+
+
+def _card(value: str, label: str) -> str:
+    return f'<div class="card"><b>{value}</b><span>{_e(label)}</span></div>'
+
+
+def _summary(nodes: list[dict]) -> str:
+    timed = _timed_ok(nodes)
+    eager = [n["speedup_eager"] for n in timed if n.get("speedup_eager") is not None]
+    comp = [n["speedup_compile"] for n in timed if n.get("speedup_compile") is not None]
+    cards = [_card(_x(max(eager, default=None)), "best speedup vs eager"),
+             _card(_x(max(comp, default=None)), "best speedup vs torch.compile"),
+             _card(_num(min((n["runtime_ms"] for n in timed), default=None), suffix=" ms"), "best runtime"),
+             _card(str(len(nodes)), "candidates")]
+    untimed = sum(1 for n in nodes if n.get("status") == "ok" and not n.get("timed"))
+    if untimed:
+        cards.append(_card(str(untimed), "ok but untimed"))
+    for status, count in sorted(Counter(n.get("status") or "unknown" for n in nodes).items()):
+        cards.append(_card(str(count), status))
+    return f'<h2>Summary</h2><div class="cards">{"".join(cards)}</div>'
+
+
+def _baseline(base: dict | None) -> str:
+    if not base:
+        return f"<h2>Baseline</h2><p>{NONE}</p>"
+    pairs = [("eager", _num(base.get("eager_ms"), suffix=" ms")),
+             ("torch.compile", _num(base.get("compile_ms"), suffix=" ms")),
+             ("compile time", _num(base.get("compile_s"), ".3g", " s"))]
+    err = _code(base.get("error"), "err") if base.get("error") else ""
+    return f"<h2>Baseline</h2>{_kv(pairs)}{err}"
+
+
+def _profile(prof: dict | None) -> str:
+    if not prof:
+        return f"<h2>Profile</h2><p>{NONE}</p>"
+    pairs = [("device", _e(prof.get("device_name"))), ("FLOPs", _si(prof.get("flops"), "FLOP")),
+             ("bytes", _si(prof.get("bytes"), "B")), ("roofline floor", _num(prof.get("floor_ms"), suffix=" ms")),
+             ("bound", _e(prof.get("bound"))), ("eager (profiled)", _num(prof.get("eager_ms"), suffix=" ms")),
+             ("intensity", _num(prof.get("intensity"), ".3g", " FLOP/B")),
+             ("ridge", _num(prof.get("ridge"), ".3g", " FLOP/B")),
+             ("peak compute", _si(prof.get("peak_flops"), "FLOP/s")),
+             ("peak bandwidth", _si(prof.get("peak_bw"), "B/s")),
+             ("ceilings source", _e(prof.get("ceilings_source")))]
+    ops = [[_e(o.get("name")), _num(o.get("self_ms"), ".4g"), _num(o.get("pct"), ".1f", "%"), _e(o.get("calls"))]
+           for o in prof.get("top_ops") or []]
+    notes = "".join(f"<li>{_e(n)}</li>" for n in prof.get("notes") or [])
+    return (f"<h2>Profile</h2>{_kv(pairs)}<h3>Top ops</h3>"
+            + (_table(["op", "self ms", "share", "calls"], ops, frozenset({1, 2, 3})) if ops else f"<p>{NONE}</p>")
+            + (f"<h3>Notes</h3><ul>{notes}</ul>" if notes else ""))
+
+
+def _chart(nodes: list[dict], eager_ms: float | None, width: int = 760, height: int = 300) -> str:
+    points = _timed_ok(nodes)
+    left, right, top, bottom = 64, 16, 16, 44
+    w, h = width - left - right, height - top - bottom
+    parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">',
+             f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fff" stroke="#d0d7de"/>',
+             f'<text x="{left + w / 2}" y="{height - 8}" text-anchor="middle">evaluation order (node id)</text>',
+             f'<text transform="translate(14 {top + h / 2}) rotate(-90)" text-anchor="middle">runtime (ms)</text>']
+    if not points:
+        parts.append(f'<text x="{left + w / 2}" y="{top + h / 2}" text-anchor="middle">no timed candidates</text>')
+        return "<h2>Progress</h2>" + "".join(parts) + "</svg>"
+    ids = [n["id"] for n in points]
+    ymax = max([n["runtime_ms"] for n in points] + ([eager_ms] if eager_ms else [])) * 1.08
+    x0, span = min(ids), max(max(ids) - min(ids), 1)
+    sx: Callable[[float], float] = (lambda i: left + w / 2) if len(ids) == 1 else (lambda i: left + (i - x0) / span * w)
+    sy: Callable[[float], float] = lambda v: top + h - v / ymax * h
+    for frac in (0, 0.25, 0.5, 0.75, 1):
+        y = sy(ymax * frac)
+        parts.append(f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eaeef2"/>'
+                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{ymax * frac:.3g}</text>')
+    for i in sorted({ids[0], ids[-1], ids[len(ids) // 2]}):
+        parts.append(f'<text x="{sx(i):.1f}" y="{top + h + 16}" text-anchor="middle">{i}</text>')
+    if eager_ms:
+        y = sy(eager_ms)
+        parts.append(f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#bc4c00" '
+                     f'stroke-dasharray="5 4"/><text x="{left + w - 4}" y="{y - 4:.1f}" text-anchor="end">eager</text>')
+    parts.append(_best_line(points, sx, sy))
+    for n in points:
+        tip = f"node {n['id']}: {n['runtime_ms']:.4g} ms, {_x(n.get('speedup_eager'))} vs eager"
+        parts.append(f'<a href="#node-{n["id"]}"><circle cx="{sx(n["id"]):.1f}" cy="{sy(n["runtime_ms"]):.1f}" '
+                     f'r="4" fill="#0969da" fill-opacity="0.6"><title>{_e(tip)}</title></circle></a>')
+    legend = '<p class="meta">dots: timed ok candidates; line: running best; dashed: eager baseline</p>'
+    return "<h2>Progress</h2>" + "".join(parts) + "</svg>" + legend
+
+
+def _best_line(points: list[dict], sx: Callable[[float], float], sy: Callable[[float], float]) -> str:
+    coords, best = [], float("inf")
+    for n in points:
+        if n["runtime_ms"] < best and coords:
+            coords.append(f"{sx(n['id']):.1f},{sy(best):.1f}")  # step down at the improving candidate
+        best = min(best, n["runtime_ms"])
+        coords.append(f"{sx(n['id']):.1f},{sy(best):.1f}")
+    return f'<polyline points="{" ".join(coords)}" fill="none" stroke="#1a7f37" stroke-width="2"/>'
+
+
+def _best(best: dict | None) -> str:
+    if not best:
+        return f"<h2>Best candidate</h2><p>{NONE}</p>"
+    node = best.get("node")
+    link = f'<a href="#node-{_e(node)}">node {_e(node)}</a>' if node is not None else NONE
+    return f"<h2>Best candidate</h2><p>{link}: {_e(best.get('why'))}</p>{_code(best.get('source'))}"
+
+
+NODE_HEADERS = ["id", "parent", "proposer", "language", "status", "reason", "runtime ms", "timed",
+                "vs eager", "vs compile", "compile s", "wall s", "cached"]
+
+
+def _timed_cell(node: dict) -> str:
+    if node.get("timed"):
+        return "timed"
+    return '<span class="badge untimed">untimed</span>' if node.get("status") == "ok" else NONE
+
+
+def _node_rows(node: dict) -> str:
+    nid, parent = node.get("id"), node.get("parent")
+    untimed = node.get("status") == "ok" and not node.get("timed")
+    cells = [f'<a href="#node-{_e(nid)}">{_e(nid)}</a>',
+             f'<a href="#node-{_e(parent)}">{_e(parent)}</a>' if parent is not None else NONE,
+             _e(node.get("proposer")), _e(node.get("language")), _badge(node.get("status")), _e(node.get("reason")),
+             _num(node.get("runtime_ms")), _timed_cell(node), _x(node.get("speedup_eager")),
+             _x(node.get("speedup_compile")), _num(node.get("compile_s"), ".3g"), _num(node.get("wall_s"), ".3g"),
+             "yes" if node.get("cached") else "no"]
+    num = {6, 8, 9, 10, 11}
+    tds = "".join(f'<td{" class=num" if i in num else ""}>{c}</td>' for i, c in enumerate(cells))
+    meta = json.dumps(node.get("meta") or {}, sort_keys=True, default=str)
+    detail = (f"<details><summary>source, error, meta (sha {_e((node.get('sha') or '')[:12])}, "
+              f"created {_e(node.get('created'))})</summary>{_code(node.get('source'))}"
+              + (_code(node.get("error"), "err") if node.get("error") else "")
+              + f"{_code(meta)}</details>")
+    row_cls = ' class="untimed-row"' if untimed else ""
+    return (f'<tr id="node-{_e(nid)}"{row_cls}>{tds}</tr>'
+            f'<tr><td colspan="{len(cells)}">{detail}</td></tr>')
+
+
+def _nodes(nodes: list[dict]) -> str:
+    if not nodes:
+        return f"<h2>Candidates</h2><p>{NONE}</p>"
+    head = "".join(f"<th>{_e(h)}</th>" for h in NODE_HEADERS)
+    rows = "".join(_node_rows(n) for n in sorted(nodes, key=lambda n: n.get("id", 0)))
+    note = '<p class="meta">untimed: verified but not benchmarked (e.g. ran in the interpreter)</p>'
+    return f"<h2>Candidates</h2>{note}<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def render_report(view: dict) -> str:
+    """Render one run's view as a self-contained HTML document (no external resources)."""
+    nodes = view.get("nodes") or []
+    problem, run = view.get("problem") or {}, view.get("run") or {}
+    baseline = view.get("baseline") or {}
+    title = f"{problem.get('name') or 'problem'}: run {run.get('id')}"
+    body = [_header(view), _summary(nodes), _baseline(view.get("baseline")), _profile(view.get("profile")),
+            _chart(nodes, baseline.get("eager_ms")), _best(view.get("best")), _nodes(nodes),
+            f"<h2>Problem source</h2>{_code(problem.get('source'))}"]
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def write_report(view: dict, path: str | Path) -> Path:
+    """Write the report for ``view`` to ``path``, creating parent directories; returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_report(view), encoding="utf-8")
+    return out

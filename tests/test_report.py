@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kernelevolve.report import render_report, write_report
+
+XSS = "<script>alert(1)</script>"
+BEST_SOURCE = "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x * 2  # best"
+
+
+def _node(nid: int, status: str, **kw: object) -> dict:
+    node = {"id": nid, "parent": None, "proposer": "template", "language": "triton", "sha": f"{nid:064x}",
+            "status": status, "reason": "", "runtime_ms": None, "timed": False, "speedup_eager": None,
+            "speedup_compile": None, "compile_s": None, "load_s": None, "wall_s": 1.5,
+            "created": "2025-01-01T00:00:00", "cached": False, "meta": {}, "error": "", "source": f"# node {nid}"}
+    node.update(kw)
+    return node
+
+
+def _view(nodes: list[dict]) -> dict:
+    return {
+        "run": {"id": 7, "device": "cuda:0", "status": "done", "created": "2025-01-01T00:00:00", "finished": None,
+                "config": {"budget": 10}, "kernelevolve_version": "0.1.0", "torch_version": "2.13",
+                "triton_version": None},
+        "problem": {"name": "relu<x>", "path": "problems/relu.py", "sha": "ab" * 32, "source": "class Model: pass"},
+        "profile": {"device_name": "H200", "flops": 1_000_000, "bytes": 8_000_000, "floor_ms": 0.002,
+                    "bound": "memory", "peak_flops": 9.9e14, "peak_bw": 4.8e12, "ceilings_source": "spec sheet",
+                    "intensity": 0.125, "ridge": 206.0, "eager_ms": 0.05,
+                    "top_ops": [{"name": "aten::relu", "self_ms": 0.04, "pct": 80.0, "calls": 1}],
+                    "notes": ["memory bound"]},
+        "baseline": {"eager_ms": 0.05, "compile_ms": 0.03, "compile_s": 4.2, "error": ""},
+        "best": {"node": 1, "source": BEST_SOURCE, "why": "fastest timed candidate"},
+        "nodes": nodes,
+    }
+
+
+def _full_view() -> dict:
+    return _view([
+        _node(1, "ok", runtime_ms=0.02, timed=True, speedup_eager=2.5, speedup_compile=1.5, compile_s=0.8,
+              source=BEST_SOURCE),
+        _node(2, "ok", parent=1, language="torch", reason="interpreter"),
+        _node(3, "incorrect", parent=1, reason="max abs diff 3.1", error=XSS),
+        _node(4, "rejected", parent=2, reason="calls the reference"),
+    ])
+
+
+def test_render_is_offline_and_escaped() -> None:
+    html = render_report(_full_view())
+    assert "http://" not in html and "https://" not in html
+    assert not re.search(r"<(link|script)\b", html)
+    assert XSS not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "relu&lt;x&gt;" in html
+
+
+def test_render_contents() -> None:
+    html = render_report(_full_view())
+    for nid in (1, 2, 3, 4):
+        assert f'id="node-{nid}"' in html
+    assert 'href="#node-2"' in html  # node 4's parent link
+    for status in ("ok", "incorrect", "rejected"):
+        assert f">{status}</span>" in html
+    assert "untimed" in html and "2.50x" in html and "1.50x" in html
+    assert "x * 2  # best" in html and "fastest timed candidate" in html
+    assert "<svg" in html and "aten::relu" in html and "spec sheet" in html
+
+
+def test_write_report(tmp_path: Path) -> None:
+    out = write_report(_full_view(), tmp_path / "a" / "b" / "report.html")
+    assert out.is_file() and out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_empty_and_sparse_views_render() -> None:
+    view = _view([])
+    view.update(profile=None, baseline=None, best=None)
+    html = render_report(view)
+    assert "<svg" in html and "no timed candidates" in html and "—" in html
+    assert "<html" in render_report({})
+
+
+def test_single_timed_point_renders() -> None:
+    html = render_report(_view([_node(1, "ok", runtime_ms=0.02, timed=True, speedup_eager=2.5)]))
+    assert "<circle" in html and "<polyline" in html
