@@ -1,0 +1,270 @@
+"""Command line: optimize, check, inspect, runs, show, report."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+DEFAULT_DB = "kernelevolve.db"
+
+
+class UsageError(Exception):
+    pass
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def _device(args: argparse.Namespace) -> str:
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    return device
+
+
+def _fmt_x(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4g} ms"
+
+
+# --- optimize -------------------------------------------------------------------------------------------------------
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kernelevolve.optimize import OptimizeConfig, optimize
+    from kernelevolve.store import Store
+
+    cfg = OptimizeConfig(device=_device(args), proposers=tuple(p for p in args.proposer.split(",") if p),
+                         max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
+                         stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
+                         timing_budget_ms=args.timing_budget_ms)
+    console = _console()
+    store = Store(args.db)
+    counts: dict[str, int] = {}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[status]}"), console=console, transient=False) as progress:
+        task = progress.add_task("starting", total=cfg.max_evals, status="")
+
+        def on_stage(stage: str) -> None:
+            progress.update(task, description=stage)
+
+        def on_result(node: dict[str, Any], result: Any) -> None:
+            counts[result.status.value] = counts.get(result.status.value, 0) + 1
+            progress.advance(task)
+            line = f"node {node['id']:>3} {node['proposer']:<9} {result.status.value:<13} "
+            line += f"{_fmt_ms(result.runtime_ms):>12}  {_fmt_x(result.speedup_eager)} vs eager  {result.reason[:70]}"
+            progress.console.print(line, markup=False)
+            progress.update(task, status=" ".join(f"{k}:{v}" for k, v in sorted(counts.items())))
+
+        outcome = optimize(args.problem, cfg, store, Path(args.out), resume=args.resume, on_result=on_result,
+                           on_stage=on_stage)
+    _print_outcome(console, outcome, Path(args.out))
+    return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
+
+
+def _print_outcome(console: Any, outcome: Any, out: Path) -> None:
+    b, best = outcome.baseline, outcome.best_result
+    console.print(f"run {outcome.run_id}: {outcome.search.evaluations} evaluation(s); stopped: "
+                  f"{outcome.search.stop_reason}", markup=False)
+    if b is not None:
+        console.print(f"reference: eager {_fmt_ms(b.eager.median_ms if b.eager else None)}, torch.compile "
+                      f"{_fmt_ms(b.compiled.median_ms if b.compiled else None)}", markup=False)
+    if best is None:
+        console.print("no candidate was verified; no best.py written", markup=False)
+    else:
+        console.print(f"best ({outcome.search.best_why}): {_fmt_ms(best.runtime_ms)}; speedup "
+                      f"{_fmt_x(best.speedup_eager)} vs eager, {_fmt_x(best.speedup_compile)} vs torch.compile",
+                      markup=False)
+    for name, path in outcome.files.items():
+        console.print(f"{name}: {path}", markup=False)
+    console.print(f"resume or inspect with: kernelevolve show {outcome.run_id} --db <db>", markup=False, style="dim")
+
+
+# --- check ----------------------------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    from kernelevolve.candidate import Candidate
+    from kernelevolve.optimize import OptimizeConfig, make_evaluator
+    from kernelevolve.problem import load_problem
+
+    device = _device(args)
+    problem = load_problem(args.problem, device)
+    path = Path(args.candidate)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such candidate file")
+    cfg = OptimizeConfig(device=device, timeout_s=args.timeout, timing_budget_ms=args.timing_budget_ms)
+    evaluator = make_evaluator(problem, cfg)
+    result = evaluator.evaluate(Candidate(path.read_text(), proposer="manual"))
+    baseline = None
+    if result.ok and result.timed and not args.no_baseline:
+        baseline = evaluator.baseline()
+        result = result.with_baseline(baseline)
+    if args.json:
+        payload = {"status": result.status.value, "reason": result.reason, "runtime_ms": result.runtime_ms,
+                   "timed": result.timed, "compile_s": result.compile_s, "load_s": result.load_s,
+                   "wall_s": result.wall_s, "speedup_eager": result.speedup_eager,
+                   "speedup_compile": result.speedup_compile,
+                   "eager_ms": baseline.eager.median_ms if baseline and baseline.eager else None,
+                   "compile_ms": baseline.compiled.median_ms if baseline and baseline.compiled else None,
+                   "error": result.error[-2000:] if result.error else ""}
+        print(json.dumps(payload))
+    else:
+        print(f"{result.status.value}: {result.reason}")
+        if result.timing:
+            print(f"runtime {_fmt_ms(result.runtime_ms)} (median of {result.timing.reps}); speedup "
+                  f"{_fmt_x(result.speedup_eager)} vs eager, {_fmt_x(result.speedup_compile)} vs torch.compile")
+        if result.error and args.verbose:
+            print(result.error)
+    return EXIT_OK if result.ok else EXIT_FAIL
+
+
+# --- inspect / runs / show / report ---------------------------------------------------------------------------------
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from kernelevolve.problem import load_problem
+    from kernelevolve.profile import profile_problem, render_profile
+
+    device = _device(args)
+    problem = load_problem(args.problem, device)
+    print(f"problem {problem.name} ({problem.short_sha}); outputs {', '.join(problem.output_dtypes)}; "
+          f"{problem.n_shapes} shape(s)")
+    print(render_profile(profile_problem(problem, device, measure_ceilings=args.measure)))
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from kernelevolve.store import Store
+
+    table = Table("run", "problem", "device", "status", "nodes", "created", "stopped because")
+    for r in Store(args.db).runs():
+        table.add_row(str(r["id"]), r["name"], r["device_key"], r["status"], str(r["n_nodes"]), r["created"],
+                      r["stop_reason"] or "")
+    _console().print(table)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from rich.tree import Tree
+
+    from kernelevolve.optimize import report_view
+    from kernelevolve.store import Store
+
+    view = report_view(Store(args.db), args.run)
+    run = view["run"]
+    tree = Tree(f"run {run['id']} · {view['problem']['name']} · {run['device']} · {run['status']}"
+                + (f" · {run['stop_reason']}" if run.get("stop_reason") else ""))
+    branches: dict[Any, Any] = {}
+    best = view["best"]["node"] if view["best"] else None
+    for n in view["nodes"]:
+        label = (f"#{n['id']} {n['proposer']} {n['status']} {_fmt_ms(n['runtime_ms'])} "
+                 f"{_fmt_x(n['speedup_eager'])} vs eager {_fmt_x(n['speedup_compile'])} vs compile"
+                 f"{' (cached)' if n['cached'] else ''}{' ← best' if n['id'] == best else ''}  {n['reason'][:60]}")
+        parent = branches.get(n["parent"], tree)
+        branches[n["id"]] = parent.add(label)
+    _console().print(tree)
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from kernelevolve.optimize import write_outputs
+    from kernelevolve.store import Store
+
+    store = Store(args.db)
+    files = write_outputs(store, store.run(args.run)["id"], Path(args.out))
+    for name, path in files.items():
+        print(f"{name}: {path}")
+    return EXIT_OK
+
+
+# --- parser ---------------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernelevolve", description="Find faster, verified kernels for PyTorch operators.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    o = sub.add_parser("optimize", help="search for a faster verified kernel")
+    o.add_argument("problem")
+    o.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
+    o.add_argument("--proposer", default="inductor", help="comma-separated proposer names (default: inductor)")
+    o.add_argument("--max-evals", type=int, default=20)
+    o.add_argument("--time-budget", type=float, help="seconds of search")
+    o.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")
+    o.add_argument("--stall", type=int, default=10, help="stop after this many evaluations without a new best (0: never)")
+    o.add_argument("--workers", type=int, help="parallel evaluations (default: one per GPU, 1 on CPU)")
+    o.add_argument("--db", default=DEFAULT_DB)
+    o.add_argument("--out", default="kernelevolve-out")
+    o.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")
+    o.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time per candidate")
+    o.add_argument("--resume", metavar="RUN", help="continue run RUN (an id or 'latest') from the store")
+    o.set_defaults(func=cmd_optimize)
+
+    c = sub.add_parser("check", help="verify and time one candidate file")
+    c.add_argument("problem")
+    c.add_argument("candidate")
+    c.add_argument("--device", choices=["cpu", "cuda"])
+    c.add_argument("--timeout", type=float, default=600.0)
+    c.add_argument("--timing-budget-ms", type=float, default=1000.0)
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--no-baseline", action="store_true", help="skip timing the reference (no speedups)")
+    c.add_argument("-v", "--verbose", action="store_true", help="print the error text of a failed candidate")
+    c.set_defaults(func=cmd_check)
+
+    i = sub.add_parser("inspect", help="print the profile of a problem")
+    i.add_argument("problem")
+    i.add_argument("--device", choices=["cpu", "cuda"])
+    i.add_argument("--measure", action="store_true", help="measure the device's ceilings instead of reading them")
+    i.set_defaults(func=cmd_inspect)
+
+    r = sub.add_parser("runs", help="list runs in the store")
+    r.add_argument("--db", default=DEFAULT_DB)
+    r.set_defaults(func=cmd_runs)
+
+    s = sub.add_parser("show", help="print a run's search tree")
+    s.add_argument("run", help="run id or 'latest'")
+    s.add_argument("--db", default=DEFAULT_DB)
+    s.set_defaults(func=cmd_show)
+
+    w = sub.add_parser("report", help="write best.py and report.html for a run")
+    w.add_argument("run", help="run id or 'latest'")
+    w.add_argument("--db", default=DEFAULT_DB)
+    w.add_argument("--out", default="kernelevolve-out")
+    w.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from kernelevolve.problem import ProblemError
+    from kernelevolve.store import StoreError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if hasattr(args, "db") and args.command in ("runs", "show", "report") and not Path(args.db).exists():
+        print(f"kernelevolve: error: {args.db}: no such store", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except (ProblemError, UsageError, StoreError) as e:
+        if args.debug:
+            raise
+        print(f"kernelevolve: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("kernelevolve: interrupted; resume with --resume latest", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

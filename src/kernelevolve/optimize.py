@@ -1,0 +1,197 @@
+"""One optimization run end to end: profile, baseline, search, then best.py and report.html."""
+from __future__ import annotations
+
+import logging
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import kernelevolve
+from kernelevolve.engine.local import LocalPool, default_workers
+from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, TimingConfig
+from kernelevolve.problem import Problem, ProblemError, load_problem
+from kernelevolve.propose import make_proposers
+from kernelevolve.report import write_report
+from kernelevolve.search import SearchConfig, SearchOutcome, best_node, make_selector, run_search
+from kernelevolve.store import Store, StoreError, now
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    device: str = "cpu"
+    proposers: tuple[str, ...] = ("inductor",)
+    selector: str = "greedy"
+    max_evals: int = 20
+    time_budget_s: float | None = None
+    target_speedup: float | None = None
+    stall: int | None = 10
+    timeout_s: float = 600.0
+    workers: int | None = None
+    trials: int = 3
+    timing_budget_ms: float = 1000.0
+    profile: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "OptimizeConfig":
+        d = dict(d)
+        d["proposers"] = tuple(d.get("proposers", ("inductor",)))
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class RunOutcome:
+    run_id: int
+    search: SearchOutcome
+    baseline: Baseline | None
+    best_result: Result | None
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_key(device: str) -> str:
+    """What a timing is comparable across: the device model (and index-free)."""
+    if device == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(0)}"
+    return f"cpu:{platform.machine()}:{platform.processor() or 'cpu'}"
+
+
+def versions() -> dict[str, Any]:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"kernelevolve": kernelevolve.__version__, "torch": torch.__version__, "triton": triton_version,
+            "python": platform.python_version()}
+
+
+def make_evaluator(problem: Problem, cfg: OptimizeConfig, workdir: Path | None = None) -> Evaluator:
+    timing = TimingConfig(budget_ms=cfg.timing_budget_ms)
+    return Evaluator(problem, EvalConfig(device=cfg.device, timeout_s=cfg.timeout_s, trials=cfg.trials, timing=timing),
+                     workdir)
+
+
+def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_dir: Path, resume: int | str | None = None,
+             on_result: Callable[[dict[str, Any], Result], None] | None = None,
+             on_stage: Callable[[str], None] = lambda s: None) -> RunOutcome:
+    """Run (or resume) an optimization. Raises ProblemError for a bad problem file, StoreError for a bad run id."""
+    if resume is not None:
+        run = store.run(resume)
+        cfg = OptimizeConfig.from_dict(run["config"])
+        problem = load_problem(problem_path, cfg.device)
+        if problem.sha != run["problem_sha"]:
+            raise ProblemError(problem_path, f"changed since run {run['id']} (hash {problem.short_sha} "
+                                             f"!= {run['problem_sha'][:12]}); start a new run")
+        run_id = run["id"]
+        store.update_run(run_id, status="running")
+    else:
+        problem = load_problem(problem_path, cfg.device)
+        run_id = store.create_run(problem, cfg.device, device_key(cfg.device), cfg.to_dict(), versions())
+        run = store.run(run_id)
+    evaluator = make_evaluator(problem, cfg, out_dir / ".work" / f"run{run_id}")
+    profile = run.get("profile")
+    if profile is None and cfg.profile:
+        on_stage("profiling the reference")
+        profile = _profile(problem, cfg.device)
+        if profile is not None:
+            store.update_run(run_id, profile=_json(profile))
+    baseline = Baseline.from_json(_json(run["baseline"])) if run.get("baseline") else None
+    if baseline is None:
+        on_stage("timing the reference: eager and torch.compile")
+        baseline = evaluator.baseline()
+        store.update_run(run_id, baseline=baseline.to_json())
+    pool = LocalPool(evaluator, cfg.workers or default_workers(cfg.device))
+    on_stage("searching")
+    try:
+        outcome = run_search(store, run_id, problem, cfg.device, run["device_key"], pool,
+                             make_proposers(list(cfg.proposers), cfg.device), make_selector(cfg.selector),
+                             SearchConfig(cfg.max_evals, cfg.time_budget_s, cfg.target_speedup, cfg.stall), baseline,
+                             profile, on_result)
+    finally:
+        pool.shutdown()
+    store.update_run(run_id, status="finished", finished=now(), stop_reason=outcome.stop_reason)
+    best = outcome.best["result"].with_baseline(baseline) if outcome.best else None
+    files = write_outputs(store, run_id, out_dir)
+    return RunOutcome(run_id, outcome, baseline, best, files)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def _profile(problem: Problem, device: str) -> dict[str, Any] | None:
+    from kernelevolve.profile import ProfileError, profile_problem
+
+    try:
+        return profile_problem(problem, device).to_dict()
+    except (ProfileError, RuntimeError) as e:
+        log.warning("profiling failed: %s", e)
+        return None
+
+
+def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
+    """Everything the HTML report shows, from the store alone."""
+    run = store.run(run_id)
+    problem = store.problem_source(run["problem_sha"])
+    baseline = Baseline.from_json(_json(run["baseline"])) if run.get("baseline") else None
+    history = store.nodes(run["id"])
+    best, why = best_node(history)
+    nodes = [_node_view(n, baseline) for n in history]
+    versions_ = run.get("versions") or {}
+    return {
+        "run": {"id": run["id"], "device": run["device_key"], "status": run["status"], "created": run["created"],
+                "finished": run["finished"], "config": run["config"], "stop_reason": run.get("stop_reason"),
+                "kernelevolve_version": versions_.get("kernelevolve"), "torch_version": versions_.get("torch"),
+                "triton_version": versions_.get("triton")},
+        "problem": {"name": problem["name"], "path": problem["path"], "sha": problem["sha"], "source": problem["source"]},
+        "profile": run.get("profile"),
+        "baseline": None if baseline is None else {
+            "eager_ms": baseline.eager.median_ms if baseline.eager else None,
+            "compile_ms": baseline.compiled.median_ms if baseline.compiled else None,
+            "compile_s": baseline.compile_s, "error": baseline.error},
+        "best": {"node": best["id"], "source": best["source"], "why": why} if best else {"node": None, "source": "",
+                                                                                        "why": why},
+        "nodes": nodes,
+    }
+
+
+def _node_view(node: dict[str, Any], baseline: Baseline | None) -> dict[str, Any]:
+    r = node["result"].with_baseline(baseline) if node["result"] else None
+    return {"id": node["id"], "parent": node["parent"], "proposer": node["proposer"], "language": node["language"],
+            "sha": node["sha"], "status": r.status.value if r else "pending", "reason": r.reason if r else "",
+            "runtime_ms": r.runtime_ms if r else None, "timed": bool(r and r.timed),
+            "speedup_eager": r.speedup_eager if r else None, "speedup_compile": r.speedup_compile if r else None,
+            "compile_s": r.compile_s if r else None, "load_s": r.load_s if r else None,
+            "wall_s": r.wall_s if r else None, "created": node["created"], "cached": node["cached"],
+            "meta": node["meta"], "error": (r.error if r else "") or "", "source": node["source"]}
+
+
+def write_outputs(store: Store, run_id: int, out_dir: Path) -> dict[str, Path]:
+    """Write best.py (when a candidate was verified) and report.html into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    view = report_view(store, run_id)
+    files = {"report": write_report(view, out_dir / "report.html")}
+    best = view["best"]
+    if best and best.get("node") is not None:
+        path = out_dir / "best.py"
+        path.write_text(best["source"])
+        files["best"] = path
+    return files
+
+
+__all__ = ["OptimizeConfig", "RunOutcome", "StoreError", "default_device", "optimize", "report_view",
+           "write_outputs"]

@@ -1,0 +1,18 @@
+"""Proposers turn the problem, its profile and the search history into new candidate files."""
+from __future__ import annotations
+
+from kernelevolve.propose.base import ProposalContext, Proposer, ProposerError
+
+
+def make_proposers(names: list[str], device: str) -> list[Proposer]:
+    """Instantiate proposers by name (``inductor``; more arrive as they are built)."""
+    from kernelevolve.propose.inductor import InductorProposer
+
+    registry = {"inductor": lambda: InductorProposer(device)}
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ProposerError(f"unknown proposer(s) {', '.join(unknown)}; available: {', '.join(sorted(registry))}")
+    return [registry[n]() for n in names]
+
+
+__all__ = ["ProposalContext", "Proposer", "ProposerError", "make_proposers"]

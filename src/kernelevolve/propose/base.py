@@ -1,0 +1,29 @@
+"""The proposer seam: a small Protocol and the context every proposer receives."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.problem import Problem
+
+
+class ProposerError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ProposalContext:
+    problem: Problem
+    device: str
+    profile: dict[str, Any] | None
+    history: list[dict[str, Any]]  # the run's nodes so far (Store.nodes format), oldest first
+    parents: list[dict[str, Any]] = field(default_factory=list)  # nodes the selector chose to expand
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
+        """Up to ``n`` new candidates; an empty list means this proposer has nothing left to try."""
+        ...

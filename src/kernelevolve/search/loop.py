@@ -1,0 +1,149 @@
+"""The closed loop: ask proposers for candidates, evaluate them in parallel, store every result at once, select, repeat."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.engine.local import LocalPool
+from kernelevolve.evaluate.result import Baseline, Result
+from kernelevolve.problem import Problem
+from kernelevolve.propose.base import ProposalContext, Proposer
+from kernelevolve.search.select import Selector, best_node
+from kernelevolve.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    max_evals: int = 20
+    time_budget_s: float | None = None
+    target_speedup: float | None = None  # against eager
+    stall: int | None = 10  # evaluations without a new best
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    stop_reason: str
+    evaluations: int
+    best: dict[str, Any] | None
+    best_why: str
+
+
+OnResult = Callable[[dict[str, Any], Result], None]
+
+
+class _Loop:
+    def __init__(self, store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: LocalPool,
+                 proposers: list[Proposer], selector: Selector, cfg: SearchConfig, baseline: Baseline | None,
+                 profile: dict[str, Any] | None, on_result: OnResult | None):
+        self.store, self.run_id, self.problem, self.device, self.device_key = store, run_id, problem, device, device_key
+        self.pool, self.proposers, self.selector, self.cfg = pool, proposers, selector, cfg
+        self.baseline, self.profile, self.on_result = baseline, profile, on_result
+        self.history = store.nodes(run_id)
+        self.evaluated = store.count_evaluated(run_id)
+        self.queue: deque[Candidate] = deque()
+        self.in_flight: dict[Future[Result], dict[str, Any]] = {}
+        self.exhausted = False
+        self.start = time.monotonic()
+        best, _ = best_node(self.history)
+        self.best_ms = best["result"].runtime_ms if best and best["result"].timed else math.inf
+        self.since_best = 0
+
+    def stop_reason(self) -> str | None:
+        cfg = self.cfg
+        if self.evaluated + len(self.in_flight) >= cfg.max_evals:
+            return f"reached --max-evals {cfg.max_evals}"
+        if cfg.time_budget_s is not None and time.monotonic() - self.start >= cfg.time_budget_s:
+            return f"reached --time-budget {cfg.time_budget_s:g} s"
+        if cfg.target_speedup is not None and self.best_speedup() >= cfg.target_speedup:
+            return f"reached the target speedup {cfg.target_speedup:g}x"
+        if cfg.stall is not None and self.since_best >= cfg.stall:
+            return f"no improvement in {cfg.stall} evaluations"
+        if self.exhausted and not self.queue:
+            return "the proposers have nothing left to try"
+        return None
+
+    def best_speedup(self) -> float:
+        if self.baseline is None or self.baseline.eager is None or not math.isfinite(self.best_ms):
+            return 0.0
+        return self.baseline.eager.median_ms / self.best_ms
+
+    def refill(self) -> None:
+        parents = self.selector.select(self.history, 1)
+        per = max(1, math.ceil(self.pool.workers / len(self.proposers)))
+        got = 0
+        for proposer in self.proposers:
+            ctx = ProposalContext(self.problem, self.device, self.profile, self.history, parents)
+            cands = proposer.propose(ctx, per)
+            got += len(cands)
+            self.queue.extend(cands)
+        self.exhausted = got == 0
+
+    def submit_next(self) -> bool:
+        if not self.queue:
+            self.refill()
+            if not self.queue:
+                return False
+        cand = self.queue.popleft()
+        if any(n["sha"] == cand.sha for n in self.history):
+            return True  # this run already holds that source
+        node_id, cached = self.store.add_node(self.run_id, self.problem.sha, self.device_key, cand)
+        self.history = self.store.nodes(self.run_id)
+        node = next(n for n in self.history if n["id"] == node_id)
+        if cached:
+            log.info("node %d: source already evaluated for this problem and device; reusing its result", node_id)
+            self._record(node, node["result"].with_baseline(self.baseline), save=False)
+            return True
+        self.in_flight[self.pool.submit(cand)] = node
+        return True
+
+    def _record(self, node: dict[str, Any], result: Result, save: bool = True) -> None:
+        if save:
+            self.store.save_result(node["id"], result)
+            self.evaluated += 1
+        self.history = self.store.nodes(self.run_id)
+        if result.ok and result.timed and result.runtime_ms is not None and result.runtime_ms < self.best_ms:
+            self.best_ms, self.since_best = result.runtime_ms, 0
+        elif save:
+            self.since_best += 1
+        if self.on_result:
+            self.on_result(node, result)
+
+    def resume_pending(self) -> None:
+        for node in self.history:
+            if node["result"] is None:
+                cand = Candidate(node["source"], proposer=node["proposer"], language=node["language"],
+                                 parent=node["parent"], meta=node["meta"])
+                self.in_flight[self.pool.submit(cand)] = node
+
+    def run(self) -> SearchOutcome:
+        self.resume_pending()
+        reason = None
+        while True:
+            while reason is None and len(self.in_flight) < self.pool.workers:
+                reason = self.stop_reason()
+                if reason is None and not self.submit_next():
+                    reason = self.stop_reason() or "the proposers have nothing left to try"
+            if not self.in_flight:
+                break
+            done, _ = wait(list(self.in_flight), return_when=FIRST_COMPLETED)
+            for fut in done:
+                node = self.in_flight.pop(fut)
+                self._record(node, fut.result().with_baseline(self.baseline))
+        best, why = best_node(self.history)
+        return SearchOutcome(reason or "stopped", self.evaluated, best, why)
+
+
+def run_search(store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: LocalPool,
+               proposers: list[Proposer], selector: Selector, cfg: SearchConfig, baseline: Baseline | None,
+               profile: dict[str, Any] | None = None, on_result: OnResult | None = None) -> SearchOutcome:
+    """Search until a stop condition holds. Every result is committed as it arrives, so a killed run resumes."""
+    return _Loop(store, run_id, problem, device, device_key, pool, proposers, selector, cfg, baseline, profile,
+                 on_result).run()

@@ -1,0 +1,148 @@
+"""SQLite store: problems, runs, candidates (deduplicated by source hash per problem and device), results and the
+search tree of each run. WAL mode, one connection per process, each result committed as soon as it is known."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate.result import Result
+from kernelevolve.problem import Problem
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS problems (
+    sha TEXT PRIMARY KEY, name TEXT NOT NULL, path TEXT NOT NULL, source TEXT NOT NULL, created TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY, problem_sha TEXT NOT NULL REFERENCES problems(sha), device TEXT NOT NULL,
+    device_key TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL, created TEXT NOT NULL, finished TEXT,
+    profile TEXT, baseline TEXT, versions TEXT, stop_reason TEXT);
+CREATE TABLE IF NOT EXISTS candidates (
+    id INTEGER PRIMARY KEY, problem_sha TEXT NOT NULL, device_key TEXT NOT NULL, sha TEXT NOT NULL,
+    source TEXT NOT NULL, language TEXT NOT NULL, created TEXT NOT NULL, UNIQUE (problem_sha, device_key, sha));
+CREATE TABLE IF NOT EXISTS results (
+    candidate_id INTEGER PRIMARY KEY REFERENCES candidates(id), status TEXT NOT NULL, reason TEXT NOT NULL,
+    runtime_ms REAL, timed INTEGER NOT NULL, data TEXT NOT NULL, created TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
+    candidate_id INTEGER NOT NULL REFERENCES candidates(id), parent INTEGER REFERENCES nodes(id),
+    proposer TEXT NOT NULL, meta TEXT NOT NULL, cached INTEGER NOT NULL DEFAULT 0, created TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS nodes_run ON nodes(run_id);
+"""
+
+
+class StoreError(Exception):
+    pass
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if self.path.parent != Path(""):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), timeout=30.0)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+        self.db.commit()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _write(self, sql: str, args: tuple[Any, ...] = ()) -> int:
+        with self.db:
+            cur = self.db.execute(sql, args)
+        return int(cur.lastrowid or 0)
+
+    # --- runs -----------------------------------------------------------------------------------------------
+    def create_run(self, problem: Problem, device: str, device_key: str, config: dict[str, Any],
+                   versions: dict[str, Any]) -> int:
+        self._write("INSERT OR IGNORE INTO problems VALUES (?,?,?,?,?)",
+                    (problem.sha, problem.name, problem.path, problem.source, now()))
+        return self._write(
+            "INSERT INTO runs (problem_sha, device, device_key, config, status, created, versions) VALUES (?,?,?,?,?,?,?)",
+            (problem.sha, device, device_key, json.dumps(config), "running", now(), json.dumps(versions)))
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        allowed = {"status", "finished", "profile", "baseline", "stop_reason"}
+        if not fields or set(fields) - allowed:
+            raise StoreError(f"cannot update run fields {sorted(set(fields) - allowed)}")
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        self._write(f"UPDATE runs SET {cols} WHERE id = ?", (*fields.values(), run_id))
+
+    def run(self, run_id: int | str) -> dict[str, Any]:
+        if run_id == "latest":
+            row = self.db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        else:
+            try:
+                row = self.db.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
+            except ValueError:
+                row = None
+        if row is None:
+            raise StoreError(f"no run {run_id!r} in {self.path}")
+        d = dict(row)
+        for key in ("config", "profile", "baseline", "versions"):
+            d[key] = json.loads(d[key]) if d.get(key) else None
+        return d
+
+    def runs(self) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT r.id, r.device, r.device_key, r.status, r.created, r.finished, r.stop_reason, p.name, "
+            "r.problem_sha, (SELECT COUNT(*) FROM nodes n WHERE n.run_id = r.id) AS n_nodes "
+            "FROM runs r JOIN problems p ON p.sha = r.problem_sha ORDER BY r.id").fetchall()
+        return [dict(r) for r in rows]
+
+    def problem_source(self, sha: str) -> dict[str, Any]:
+        row = self.db.execute("SELECT * FROM problems WHERE sha = ?", (sha,)).fetchone()
+        if row is None:
+            raise StoreError(f"no problem {sha[:12]}")
+        return dict(row)
+
+    # --- candidates and results -----------------------------------------------------------------------------
+    def add_node(self, run_id: int, problem_sha: str, device_key: str, cand: Candidate) -> tuple[int, bool]:
+        """Record ``cand`` in the run's tree. Returns (node id, whether a result for this source already exists)."""
+        with self.db:
+            self.db.execute(
+                "INSERT OR IGNORE INTO candidates (problem_sha, device_key, sha, source, language, created) "
+                "VALUES (?,?,?,?,?,?)", (problem_sha, device_key, cand.sha, cand.source, cand.language, now()))
+            cid = self.db.execute("SELECT id FROM candidates WHERE problem_sha = ? AND device_key = ? AND sha = ?",
+                                  (problem_sha, device_key, cand.sha)).fetchone()[0]
+            cached = self.db.execute("SELECT 1 FROM results WHERE candidate_id = ?", (cid,)).fetchone() is not None
+            cur = self.db.execute(
+                "INSERT INTO nodes (run_id, candidate_id, parent, proposer, meta, cached, created) VALUES (?,?,?,?,?,?,?)",
+                (run_id, cid, cand.parent, cand.proposer, json.dumps(cand.meta, default=str), int(cached), now()))
+        return int(cur.lastrowid), cached
+
+    def save_result(self, node_id: int, result: Result) -> None:
+        cid = self.db.execute("SELECT candidate_id FROM nodes WHERE id = ?", (node_id,)).fetchone()[0]
+        self._write("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?,?)",
+                    (cid, result.status.value, result.reason, result.runtime_ms, int(result.timed),
+                     json.dumps(result.to_dict(), default=str), now()))
+
+    def nodes(self, run_id: int) -> list[dict[str, Any]]:
+        """Every node of a run in creation order, joined with its candidate and result (None when pending)."""
+        rows = self.db.execute(
+            "SELECT n.id, n.parent, n.proposer, n.meta, n.cached, n.created, c.id AS candidate_id, c.sha, c.source, "
+            "c.language, r.data FROM nodes n JOIN candidates c ON c.id = n.candidate_id "
+            "LEFT JOIN results r ON r.candidate_id = c.id WHERE n.run_id = ? ORDER BY n.id", (run_id,)).fetchall()
+        out = []
+        for row in rows:
+            d = dict(row)
+            d["meta"] = json.loads(d["meta"])
+            d["cached"] = bool(d["cached"])
+            data = d.pop("data")
+            d["result"] = Result.from_dict(json.loads(data)) if data else None
+            out.append(d)
+        return out
+
+    def count_evaluated(self, run_id: int) -> int:
+        return self.db.execute(
+            "SELECT COUNT(*) FROM nodes n JOIN results r ON r.candidate_id = n.candidate_id "
+            "WHERE n.run_id = ? AND n.cached = 0", (run_id,)).fetchone()[0]

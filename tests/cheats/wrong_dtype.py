@@ -1,0 +1,13 @@
+"""The right values in float64 instead of float32."""
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(dim))
+        self.bias = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * self.scale + self.bias).double()
