@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -258,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except (ProblemError, UsageError, StoreError) as e:
         if args.debug:
-            raise
+            traceback.print_exc()
         print(f"kernelevolve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

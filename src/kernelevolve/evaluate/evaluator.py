@@ -69,7 +69,8 @@ class Evaluator:
         return f"cuda:{gpu or 0}" if self.config.device == "cuda" else "cpu"
 
     def reference(self, seed: int, shape: int = 0, gpu: int | None = None) -> tuple[torch.Tensor, ...]:
-        """The reference outputs for the inputs drawn with ``seed``, on the CPU. Never sent to a child."""
+        """The reference outputs for the inputs drawn with ``seed``, on the reference device (where outputs are
+        compared, while that worker's child waits). Never sent to a child."""
         dev = self._ref_device(gpu)
         with self._lock:
             if dev not in self._models:
@@ -79,7 +80,7 @@ class Evaluator:
         with torch.no_grad():
             torch.backends.cuda.matmul.allow_tf32 = self.problem.allow_tf32
             outs = as_outputs(model(*inputs))
-        return tuple(o.detach().cpu() for o in outs)
+        return tuple(o.detach() for o in outs)
 
     # --- jobs -----------------------------------------------------------------------------------------------
     def _job(self, mode: str, gpu: int | None, name: str, candidate: Candidate | None = None) -> dict[str, Any]:

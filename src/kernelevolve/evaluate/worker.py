@@ -99,6 +99,13 @@ def classify(e: BaseException) -> str:
     names = " ".join(f"{c.__module__}.{c.__name__}" for c in type(e).__mro__)
     if "CompilationError" in names or "BackendCompilerFailed" in names or "triton.compiler" in names:
         return "compile_error"
+    # The Triton interpreter (CPU) runs a kernel body as Python and wraps its errors in InterpreterError. Unknown
+    # names, bad types and incompatible shapes are what the GPU compiler reports as CompilationError.
+    cause = e
+    while type(cause).__name__ == "InterpreterError" and cause.__cause__ is not None:
+        cause = cause.__cause__
+    if cause is not e and isinstance(cause, (NameError, AttributeError, TypeError, ValueError)):
+        return "compile_error"
     return "runtime_error"
 
 

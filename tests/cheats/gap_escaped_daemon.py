@@ -1,0 +1,19 @@
+"""Cheat (not caught): a helper started in its own session whose parent exits at once. It is nobody's child in the
+candidate process (the outlive check misses it) and outside the process group (the kill misses it). Writes its pid
+to __PIDFILE__."""
+import subprocess
+
+import torch
+import torch.nn as nn
+
+subprocess.run(["sh", "-c", "setsid sleep 30 >/dev/null 2>&1 & echo $! > __PIDFILE__"], check=True)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(dim))
+        self.bias = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * self.scale + self.bias)

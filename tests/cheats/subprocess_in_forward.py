@@ -1,0 +1,18 @@
+"""Cheat: spawns a helper process in forward that outlives the call. Writes its pid to __PIDFILE__."""
+import subprocess
+
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(dim))
+        self.bias = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        helper = subprocess.Popen(["sleep", "30"])
+        with open("__PIDFILE__", "w") as f:
+            f.write(str(helper.pid))
+        return torch.relu(x * self.scale + self.bias)

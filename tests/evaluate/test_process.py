@@ -1,0 +1,57 @@
+"""Isolation: a hang, crash or OOM fails that candidate only, leaves no process behind, and no secret reaches it."""
+from __future__ import annotations
+
+from kernelevolve.evaluate import Status
+
+
+def test_hang_times_out_and_the_process_is_killed(untimed_evaluator, candidate, gone, tmp_path):
+    pidfile = tmp_path / "hang.pid"
+    r = untimed_evaluator.evaluate(candidate("hang", pidfile=str(pidfile)))
+    assert r.status is Status.TIMEOUT, (r.reason, r.error)
+    assert "no answer within 8 s" in r.reason and "killed" in r.reason
+    assert gone(int(pidfile.read_text())), "the hung candidate process is still running"
+
+
+def test_hang_kills_the_forked_grandchild_too(untimed_evaluator, candidate, gone, tmp_path):
+    pidfile = tmp_path / "hang.pids"
+    r = untimed_evaluator.evaluate(candidate("hang_with_grandchild", pidfile=str(pidfile)))
+    assert r.status is Status.TIMEOUT, (r.reason, r.error)
+    child, grandchild = map(int, pidfile.read_text().split())
+    assert gone(child), "the hung candidate process is still running"
+    assert gone(grandchild), "the candidate's grandchild survived the process-group kill"
+
+
+def test_segfault_is_a_crash(untimed_evaluator, candidate):
+    r = untimed_evaluator.evaluate(candidate("segfault"))
+    assert r.status is Status.CRASHED, (r.reason, r.error)
+    assert "SIGSEGV" in r.reason
+
+
+def test_os_exit_zero_is_a_crash(untimed_evaluator, candidate):
+    r = untimed_evaluator.evaluate(candidate("os_exit"))
+    assert r.status is Status.CRASHED, (r.reason, r.error)
+    assert "exited with code 0 before finishing" in r.reason
+
+
+def test_sys_exit_zero_is_not_success(untimed_evaluator, candidate):
+    r = untimed_evaluator.evaluate(candidate("sys_exit"))
+    assert r.status in (Status.RUNTIME_ERROR, Status.CRASHED), (r.reason, r.error)
+    assert "SystemExit" in r.reason
+
+
+def test_huge_allocation_is_a_runtime_error(untimed_evaluator, candidate):
+    r = untimed_evaluator.evaluate(candidate("oom"))
+    assert r.status is Status.RUNTIME_ERROR, (r.reason, r.error)
+    assert "allocate" in r.reason
+
+
+def test_evaluator_survives_failures(untimed_evaluator, candidate):
+    """After crashes and timeouts in the same evaluator, a genuine candidate still passes."""
+    r = untimed_evaluator.evaluate(candidate("genuine_torch"))
+    assert r.status is Status.OK, (r.reason, r.error)
+    assert "untimed" in r.reason
+
+
+def test_child_environment_holds_no_secret(secret_probe_results):
+    status, reason = secret_probe_results["secrets_probe.py"]
+    assert status == Status.OK.value, reason

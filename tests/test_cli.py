@@ -1,0 +1,171 @@
+"""The CLI as a user runs it: a subprocess, its exit code, stdout and stderr."""
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from kernelevolve.store import Store
+from test_problem import BAD, write_bad
+
+PROBLEM = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def get_inputs():
+    return [torch.randn(32, 64)]
+
+
+def get_init_inputs():
+    return [64]
+'''
+
+GOOD_CAND = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+
+    def forward(self, x):
+        return torch.addmm(self.fc.bias, x, self.fc.weight.t()).clamp_min(0)
+'''
+
+WRONG_CAND = GOOD_CAND.replace(".clamp_min(0)", ".clamp_min(0) + 1")
+JSON_KEYS = {"status", "reason", "runtime_ms", "speedup_eager", "speedup_compile"}
+FAST = ["--no-baseline", "--timing-budget-ms", "50", "--timeout", "300"]
+
+
+def ke(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernelevolve.cli", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("cli")
+    out = {"dir": d}
+    for name, text in [("problem", PROBLEM), ("good", GOOD_CAND), ("wrong", WRONG_CAND)]:
+        out[name] = d / f"{name}.py"
+        out[name].write_text(text)
+    for case in BAD:
+        out[f"bad:{case}"] = write_bad(d, case)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bad_runs(files) -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """Every bad problem through `check` and `inspect`, run concurrently: each subprocess spends seconds importing torch."""
+    jobs = {(case, cmd): ([cmd, files[f"bad:{case}"]] + ([files["good"]] if cmd == "check" else []))
+            for case in BAD for cmd in ("check", "inspect")}
+    with ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1))) as pool:
+        futures = {key: pool.submit(ke, *args, cwd=files["dir"]) for key, args in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+@pytest.mark.parametrize("cmd", ["check", "inspect"])
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_problem_exits_2_with_one_line(bad_runs, files, case, cmd):
+    p = bad_runs[(case, cmd)]
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, p.stderr
+    assert len(lines) == 1, p.stderr
+    assert str(files[f"bad:{case}"]) in lines[0]
+    assert BAD[case][1] in lines[0]
+    assert "Traceback" not in p.stderr + p.stdout
+
+
+def test_debug_shows_traceback(files):
+    p = ke("--debug", "inspect", files["bad:forward_raises"], cwd=files["dir"])
+    assert p.returncode == 2
+    assert "Traceback" in p.stderr and "ProblemError" in p.stderr and "forward exploded" in p.stderr
+
+
+def test_check_good_candidate(files):
+    p = ke("check", files["problem"], files["good"], "--json", *FAST, cwd=files["dir"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    (line,) = p.stdout.strip().splitlines()
+    payload = json.loads(line)
+    assert JSON_KEYS <= set(payload)
+    assert payload["status"] == "ok" and payload["reason"]
+    assert isinstance(payload["runtime_ms"], float) and payload["runtime_ms"] > 0
+    assert payload["speedup_eager"] is None and payload["speedup_compile"] is None  # --no-baseline
+
+
+def test_check_wrong_candidate(files):
+    p = ke("check", files["problem"], files["wrong"], "--json", *FAST, cwd=files["dir"])
+    assert p.returncode == 1, p.stdout + p.stderr
+    payload = json.loads(p.stdout)
+    assert payload["status"] == "incorrect" and payload["reason"]
+    assert payload["runtime_ms"] is None
+
+
+def test_check_wrong_candidate_plain_text(files):
+    p = ke("check", files["problem"], files["wrong"], *FAST, cwd=files["dir"])
+    assert p.returncode == 1
+    assert p.stdout.startswith("incorrect: ")
+
+
+def test_check_missing_candidate(files):
+    missing = files["dir"] / "no_such_candidate.py"
+    p = ke("check", files["problem"], missing, *FAST, cwd=files["dir"])
+    assert p.returncode == 2
+    (line,) = p.stderr.strip().splitlines()
+    assert str(missing) in line and "Traceback" not in p.stderr
+
+
+def test_check_usage_error(files):
+    assert ke("check", files["problem"], cwd=files["dir"]).returncode == 2  # argparse: candidate missing
+
+
+def test_inspect_good_problem(files):
+    p = ke("inspect", files["problem"], "--device", "cpu", cwd=files["dir"])
+    assert p.returncode == 0, p.stderr
+    assert "problem problem" in p.stdout and "float32" in p.stdout
+    assert "GFLOP" in p.stdout and "bound" in p.stdout and "ceilings" in p.stdout
+    assert any(b in p.stdout for b in ("compute", "memory", "overhead", "latency"))
+
+
+@pytest.mark.parametrize("args", [["runs"], ["show", "latest"], ["show", "1"], ["report", "latest"]])
+def test_store_commands_on_missing_db(tmp_path, args):
+    db = tmp_path / "absent.db"
+    p = ke(*args, "--db", db, cwd=tmp_path)
+    assert p.returncode == 2
+    (line,) = p.stderr.strip().splitlines()
+    assert str(db) in line and "Traceback" not in p.stderr
+    assert not db.exists()
+
+
+def test_store_commands_on_empty_db(tmp_path):
+    db = tmp_path / "empty.db"
+    Store(db).close()
+    assert ke("runs", "--db", db, cwd=tmp_path).returncode == 0
+    p = ke("show", "7", "--db", db, cwd=tmp_path)
+    assert p.returncode == 2 and "no run" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_check_with_baseline_reports_speedups(files):
+    p = ke("check", files["problem"], files["good"], "--json", "--timing-budget-ms", "50", "--timeout", "300",
+           cwd=files["dir"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    payload = json.loads(p.stdout)
+    assert payload["status"] == "ok"
+    for key in ("speedup_eager", "speedup_compile", "eager_ms", "compile_ms"):
+        assert isinstance(payload[key], float) and payload[key] > 0, (key, payload)

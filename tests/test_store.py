@@ -1,0 +1,165 @@
+"""Store: runs, the candidate dedup rule (per problem and device), results round trip, WAL mode."""
+import sqlite3
+
+import pytest
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate.result import Result, Status, Timing
+from kernelevolve.problem import Problem, source_sha
+from kernelevolve.store import Store, StoreError
+
+SOURCE = "class Model: pass\n"
+PROBLEM = Problem(path="/tmp/p.py", source=SOURCE, sha=source_sha(SOURCE), name="p")
+KEY = "cpu:x86_64:test"
+CFG = {"device": "cpu", "max_evals": 3}
+VERSIONS = {"torch": "2.x"}
+
+
+def _ok(ms: float) -> Result:
+    return Result(Status.OK, "verified", timing=Timing.from_samples([ms, ms * 1.1, ms * 0.9], "perf_counter"),
+                  timed=True, load_s=0.1, compile_s=0.2, wall_s=1.5, details={"kernels": 2})
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "sub" / "ke.db")
+    yield s
+    s.close()
+
+
+def test_create_run_and_read_back(store):
+    run_id = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    run = store.run(run_id)
+    assert run["id"] == run_id and run["problem_sha"] == PROBLEM.sha
+    assert run["device"] == "cpu" and run["device_key"] == KEY and run["status"] == "running"
+    assert run["config"] == CFG and run["versions"] == VERSIONS
+    assert run["profile"] is None and run["baseline"] is None
+    assert store.problem_source(PROBLEM.sha)["source"] == SOURCE
+    store.update_run(run_id, status="finished", stop_reason="done")
+    assert store.run(str(run_id))["stop_reason"] == "done"
+    with pytest.raises(StoreError):
+        store.update_run(run_id, config="{}")
+
+
+def test_run_latest_and_listing(store):
+    first = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    second = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)  # same problem: one problems row
+    assert store.run("latest")["id"] == second > first
+    assert [r["id"] for r in store.runs()] == [first, second]
+    assert store.runs()[0]["name"] == "p" and store.runs()[0]["n_nodes"] == 0
+
+
+@pytest.mark.parametrize("bad", [999, "999", "nope", "latest"])
+def test_unknown_run_raises(tmp_path, bad):
+    s = Store(tmp_path / "empty.db")
+    if bad != "latest":
+        s.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    with pytest.raises(StoreError, match="no run"):
+        s.run(bad)
+    s.close()
+
+
+def test_unknown_problem_raises(store):
+    with pytest.raises(StoreError):
+        store.problem_source("0" * 64)
+
+
+def test_add_node_dedup_per_problem_and_device(store):
+    run_id = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    cand = Candidate("class ModelNew: pass\n", proposer="manual")
+    n1, cached = store.add_node(run_id, PROBLEM.sha, KEY, cand)
+    assert cached is False
+    store.save_result(n1, _ok(2.0))
+
+    run2 = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    n2, cached = store.add_node(run2, PROBLEM.sha, KEY, cand)
+    assert cached is True and n2 != n1
+    node = store.nodes(run2)[0]
+    assert node["cached"] is True and node["result"].runtime_ms == pytest.approx(2.0)
+
+    _, cached = store.add_node(run2, PROBLEM.sha, "cuda:H200", cand)  # another device: timings do not carry over
+    assert cached is False
+    _, cached = store.add_node(run2, "f" * 64, KEY, cand)  # another problem
+    assert cached is False
+    _, cached = store.add_node(run2, PROBLEM.sha, KEY, Candidate("class ModelNew: x = 1\n"))  # another source
+    assert cached is False
+    assert store.db.execute("SELECT COUNT(*) FROM candidates").fetchone()[0] == 4
+
+
+def test_not_cached_until_a_result_is_saved(store):
+    run_id = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    cand = Candidate("class ModelNew: pass\n")
+    n1, c1 = store.add_node(run_id, PROBLEM.sha, KEY, cand)
+    run2 = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    _, c2 = store.add_node(run2, PROBLEM.sha, KEY, cand)
+    assert (c1, c2) == (False, False)
+    assert store.nodes(run_id)[0]["result"] is None
+
+
+def test_nodes_round_trip(store):
+    run_id = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    root = Candidate("import torch\nx = torch.compile(f)\n", proposer="inductor", meta={"options": {"a": 1}})
+    n1, _ = store.add_node(run_id, PROBLEM.sha, KEY, root)
+    child = Candidate("@triton.jit\ndef k(): pass\n", proposer="template", parent=n1, meta={"why": "tile"})
+    n2, _ = store.add_node(run_id, PROBLEM.sha, KEY, child)
+    r1 = _ok(3.0)
+    r2 = Result(Status.INCORRECT, "max abs error 1.0 at [0, 3]", error="mismatch details")
+    store.save_result(n1, r1)
+    store.save_result(n2, r2)
+
+    nodes = store.nodes(run_id)
+    assert [n["id"] for n in nodes] == [n1, n2]
+    a, b = nodes
+    assert a["parent"] is None and b["parent"] == n1
+    assert a["proposer"] == "inductor" and a["language"] == "inductor" and b["language"] == "triton"
+    assert a["meta"] == {"options": {"a": 1}} and b["meta"] == {"why": "tile"}
+    assert a["sha"] == root.sha and a["source"] == root.source
+    assert a["cached"] is False
+    assert a["result"] == r1 and b["result"] == r2
+    assert a["result"].timing == r1.timing and a["result"].details == {"kernels": 2}
+    assert Result.from_dict(r1.to_dict()) == r1
+    assert store.runs()[0]["n_nodes"] == 2
+
+
+def test_count_evaluated_skips_pending_and_cached(store):
+    run_id = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    assert store.count_evaluated(run_id) == 0
+    a, _ = store.add_node(run_id, PROBLEM.sha, KEY, Candidate("a = 1\n"))
+    store.add_node(run_id, PROBLEM.sha, KEY, Candidate("b = 2\n"))  # pending
+    store.save_result(a, _ok(1.0))
+    assert store.count_evaluated(run_id) == 1
+
+    run2 = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    store.add_node(run2, PROBLEM.sha, KEY, Candidate("a = 1\n"))  # cached from run 1
+    assert store.count_evaluated(run2) == 0
+    assert store.count_evaluated(run_id) == 1
+
+
+def test_save_result_replaces(store):
+    run_id = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    n, _ = store.add_node(run_id, PROBLEM.sha, KEY, Candidate("a = 1\n"))
+    store.save_result(n, Result(Status.TIMEOUT, "too slow"))
+    store.save_result(n, _ok(1.0))
+    assert store.nodes(run_id)[0]["result"].ok
+
+
+def test_wal_mode_and_committed_for_other_connections(store):
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+    run_id = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    n, _ = store.add_node(run_id, PROBLEM.sha, KEY, Candidate("a = 1\n"))
+    store.save_result(n, _ok(1.0))
+    other = sqlite3.connect(str(store.path))  # what another process (or a resumed run after kill -9) sees
+    try:
+        assert other.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+        assert other.execute("SELECT status FROM results").fetchall() == [("ok",)]
+    finally:
+        other.close()
+
+
+def test_reopen_keeps_data(tmp_path):
+    s = Store(tmp_path / "ke.db")
+    run_id = s.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    s.close()
+    s = Store(tmp_path / "ke.db")
+    assert s.run("latest")["id"] == run_id
+    s.close()
