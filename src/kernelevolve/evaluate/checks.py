@@ -122,6 +122,39 @@ def live_threads() -> set[int]:
     return {t.ident for t in threading.enumerate() if t.is_alive() and t.ident is not None}
 
 
+class ThreadOrigins:
+    """Records which code started each thread, so that worker pools torch and triton keep (Inductor's autotuning
+    precompile pool, for one) are not blamed on the candidate. The creator is the first frame outside the threading
+    and concurrent.futures modules."""
+
+    def __init__(self, library_dirs: list[str]):
+        self.library_dirs = tuple(os.path.join(d, "") for d in library_dirs)
+        self.library_threads: set[int] = set()
+        self._original = threading.Thread.start
+        origins = self
+
+        def start(thread: threading.Thread, *args: Any, **kwargs: Any) -> Any:
+            result = origins._original(thread, *args, **kwargs)
+            if origins._from_library():
+                origins.library_threads.add(id(thread))
+            return result
+
+        threading.Thread.start = start  # type: ignore[method-assign]
+
+    def _from_library(self) -> bool:
+        import sys
+
+        frame = sys._getframe(2)
+        skip = (threading.__file__, os.path.join("concurrent", "futures"))
+        while frame is not None and any(k in frame.f_code.co_filename for k in skip):
+            frame = frame.f_back
+        return frame is not None and frame.f_code.co_filename.startswith(self.library_dirs)
+
+    def candidate_threads(self, baseline: set[int]) -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.is_alive() and t.ident not in baseline
+                and id(t) not in self.library_threads]
+
+
 def child_processes() -> set[int]:
     """PIDs of live processes whose parent is this process (Linux /proc; empty elsewhere)."""
     me, found = os.getpid(), set()

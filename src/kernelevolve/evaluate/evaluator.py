@@ -113,9 +113,12 @@ class Evaluator:
         return replace(result, wall_s=time.perf_counter() - t0, log=_tail(Path(job["log"])))
 
     def _drive(self, child: Child, cand: Candidate, gpu: int | None, details: dict[str, Any]) -> Result:
+        clock = _PhaseClock(details.setdefault("phases_s", {}))
         _expect(child, "hello")
+        clock("start")
         calib = self._timed(child, {"cmd": "calibrate"}, "calibrated")
         loaded = _expect(child, "loaded", send={"cmd": "load"})
+        clock("load")
         details.update(load_s=loaded["load_s"], kernels=loaded["kernels"], weights=loaded["weights"])
         outputs = None
         for trial in range(self.config.trials):
@@ -124,39 +127,49 @@ class Evaluator:
         # the re-call refills the buffers of the last trial, which used the last shape
         self._check_trial(child, "recall", self.problem.n_shapes - 1, gpu,
                           "re-call with new values in the same input buffers")
+        clock("trials")
         launches = outputs["launches"] if outputs else 0
         if cand.language == "triton" or loaded["kernels"]:
             if launches == 0:
                 raise _Verdict(Status.REJECTED, "defines Triton kernels but launched none of them")
             self._ghost(child, gpu)
+            clock("ghost")
         timing_ = None
         interpreted = self.config.device == "cpu" and (cand.language == "triton" or bool(loaded["kernels"]))
         if self.config.time_candidates and not interpreted:
             timing_ = self._time(child, calib, details)
+            clock("timing")
             self._check_trial(child, "trial", 0, gpu, "post-timing check")
+            clock("post_check")
         child.send({"cmd": "done"})
         reason = "verified" + ("" if timing_ else (
             "; untimed: Triton interpreter timings are meaningless" if interpreted else "; untimed"))
         return Result(Status.OK, reason, timing=timing_, timed=timing_ is not None, load_s=loaded["load_s"],
                       compile_s=details.get("first_call_s"), details=details)
 
+    def _output(self, child: Child, cmd: dict[str, Any], gpu: int | None) -> tuple[dict[str, Any], bytes, tuple]:
+        """Send a command that produces outputs; compute the reference meanwhile, while the child works."""
+        child.send(cmd)
+        ref = self.reference(cmd["seed"], cmd["shape"], gpu)
+        header, blob = child.recv()
+        _raise_on_fail(header, "output")
+        return header, blob, ref
+
+    def _compare(self, ref: tuple, blob: bytes) -> str | None:
+        return compare_outputs(ref, _load_tensors(blob), self.problem.allow_tf32, self.problem.atol, self.problem.rtol)
+
     def _check_trial(self, child: Child, cmd: str, shape: int, gpu: int | None, what: str) -> dict[str, Any]:
-        seed = fresh_seed()
-        header, blob = _request(child, {"cmd": cmd, "seed": seed, "shape": shape}, "output")
-        outs = _load_tensors(blob)
-        reason = compare_outputs(self.reference(seed, shape, gpu), outs, self.problem.allow_tf32,
-                                 self.problem.atol, self.problem.rtol)
+        header, blob, ref = self._output(child, {"cmd": cmd, "seed": fresh_seed(), "shape": shape}, gpu)
+        reason = self._compare(ref, blob)
         if reason:
             raise _Verdict(Status.INCORRECT, f"{what}: {reason}")
         return header
 
     def _ghost(self, child: Child, gpu: int | None) -> None:
-        seed = fresh_seed()
-        header, blob = _request(child, {"cmd": "ghost", "seed": seed, "shape": 0}, "output")
+        header, blob, ref = self._output(child, {"cmd": "ghost", "seed": fresh_seed(), "shape": 0}, gpu)
         if header.get("ghost_error"):
             return
-        if compare_outputs(self.reference(seed, 0, gpu), _load_tensors(blob), self.problem.allow_tf32,
-                           self.problem.atol, self.problem.rtol) is None:
+        if self._compare(ref, blob) is None:
             raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
 
     def _timed(self, child: Child, cmd: dict[str, Any], reply: str) -> dict[str, Any]:
@@ -210,6 +223,18 @@ class Evaluator:
                 error += f"{key}: {e or type(e).__name__}; "
                 log.warning("baseline %s failed: %s", key, e)
         return Baseline(self.config.device, timings["eager"], timings["compiled"], compile_s, error.strip())
+
+
+class _PhaseClock:
+    """Seconds spent in each phase of an evaluation, for the overhead benchmark and the report."""
+
+    def __init__(self, phases: dict[str, float]):
+        self.phases, self.t = phases, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self.t, 4)
+        self.t = now
 
 
 def _request(child: Child, cmd: dict[str, Any], reply: str) -> tuple[dict[str, Any], bytes]:

@@ -6,6 +6,7 @@ never holds a reference output: it sends its own outputs, and the parent judges 
 """
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -120,6 +121,7 @@ class Session:
         torch.backends.cudnn.allow_tf32 = bool(job.get("allow_tf32"))
         self.timers = checks.timer_snapshot()
         self.threads = checks.live_threads()
+        self.origins = checks.ThreadOrigins(_library_dirs())
         self.procs = checks.child_processes()
         self.model: Any = None
         self.problem: Any = None
@@ -278,7 +280,7 @@ class Session:
         changed = checks.tampered(self.timers)
         if changed:
             raise Fail("rejected", f"timing functions replaced after {when}: {', '.join(changed)}")
-        threads = checks.live_threads() - self.threads
+        threads = self.origins.candidate_threads(self.threads)
         if threads:
             raise Fail("rejected", f"{len(threads)} thread(s) started by the candidate still running after {when}")
         procs = checks.child_processes() - self.procs
@@ -318,6 +320,15 @@ class Session:
             return original(kernel, *args, **kwargs)
 
         return run
+
+
+def _library_dirs() -> list[str]:
+    """Package folders whose threads are the libraries' own: torch and triton (never the candidate's file)."""
+    dirs = [os.path.dirname(torch.__file__)]
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin:
+        dirs.append(os.path.dirname(spec.origin))
+    return dirs
 
 
 def _is_triton_kernel(value: Any) -> bool:
