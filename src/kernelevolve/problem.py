@@ -79,8 +79,23 @@ def n_shapes(module: ModuleType) -> int:
     return 1 + (len(extra()) if callable(extra) else 0)
 
 
-def make_inputs(module: ModuleType, seed: int, shape_index: int = 0) -> list[Any]:
-    """The problem's inputs for one seed: shape 0 is ``get_inputs()``, shape k>0 is ``get_extra_inputs()[k-1]``."""
+def make_inputs(module: ModuleType, seed: int, shape_index: int = 0, device: str | None = None) -> list[Any]:
+    """The problem's inputs for one seed: shape 0 is ``get_inputs()``, shape k>0 is ``get_extra_inputs()[k-1]``.
+
+    With a CUDA ``device`` the inputs are drawn under that default device: random tensors are then made on the GPU,
+    far faster than on the CPU for large inputs, and every process on the same GPU model draws the same values.
+    A ``get_inputs()`` that cannot run that way is drawn on the CPU and moved."""
+    if device is not None and torch.device(device).type == "cuda":
+        try:
+            with torch.device(device):
+                return to_device(_draw(module, seed, shape_index), device)
+        except Exception:  # the user's get_inputs(): it may need CPU tensors
+            pass
+    inputs = _draw(module, seed, shape_index)
+    return to_device(inputs, device) if device is not None else inputs
+
+
+def _draw(module: ModuleType, seed: int, shape_index: int) -> list[Any]:
     seed_everything(seed)
     if shape_index == 0:
         return list(module.get_inputs())

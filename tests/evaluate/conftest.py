@@ -47,6 +47,11 @@ def untimed_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
                           time_candidates=False)
 
 
+@pytest.fixture(scope="module")
+def gpu_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
+    return make_evaluator("problem_scale.py", tmp_path_factory.mktemp("eval-gpu"), device="cuda")
+
+
 def read_candidate(name: str, **subs: str) -> Candidate:
     """tests/cheats/<name> (``.py`` implied), with each ``__KEY__`` placeholder replaced by ``subs[key]``."""
     path = CHEATS / (name if "." in name else f"{name}.py")

@@ -62,6 +62,7 @@ def test_throttled_candidate_median_reflects_real_calls(new_evaluator, candidate
     ("wrong_dtype", Status.INCORRECT, "dtype torch.float64, expected torch.float32"),
     ("wrong_shape", Status.INCORRECT, "shape (1, 64, 128), expected (64, 128)"),
     ("nan_output", Status.INCORRECT, "NaN pattern differs (0 NaN in reference, 1 in output)"),
+    ("wrong_device", Status.INCORRECT, "output 0 is on meta, expected cpu"),
 ])
 def test_wrong_results(scale_evaluator, candidate, name, status, fragment):
     r = scale_evaluator.evaluate(candidate(name))
@@ -94,6 +95,14 @@ def test_tampering_is_rejected(scale_evaluator, candidate, name, fragment):
     assert fragment in r.reason
 
 
+def test_time_hidden_between_timed_calls_is_rejected(scale_evaluator, candidate):
+    """0.1 s spent in each cache flush is outside every sample: the parent's wall clock disagrees with the samples."""
+    r = scale_evaluator.evaluate(candidate("hidden_work_in_flush"))
+    assert r.status is Status.REJECTED, (r.reason, r.error)
+    assert "by the parent's clock" in r.reason and "forged or hidden timing" in r.reason
+    assert r.details["parent_wall_s"] > 2.5 > 100 * r.details["reported_s"]
+
+
 @pytest.mark.parametrize("name, when", [("subprocess_at_import", "import"), ("subprocess_in_forward", "call")])
 def test_process_outliving_the_call_is_rejected_and_killed(untimed_evaluator, candidate, gone, tmp_path, name, when):
     pidfile = tmp_path / "helper.pid"
@@ -124,3 +133,9 @@ def test_compile_errors(scale_evaluator, candidate, name, fragment):
     r = scale_evaluator.evaluate(candidate(name))
     assert r.status is Status.COMPILE_ERROR, (r.reason, r.error)
     assert fragment in r.reason
+
+
+def test_work_skipped_only_while_timed_is_caught(scale_evaluator, candidate):
+    """Outputs of randomly chosen timed repetitions are checked against the reference too."""
+    r = scale_evaluator.evaluate(candidate("stack_inspection"))
+    assert r.status is Status.INCORRECT and "timed repetition" in r.reason, r.reason

@@ -36,3 +36,21 @@ def test_other_interpreter_errors_are_runtime_errors():
     errors = pytest.importorskip("triton.runtime.errors")
     assert classify(_raised(errors.InterpreterError("x"), RuntimeError("y"))) == "runtime_error"
     assert classify(errors.InterpreterError("no cause")) == "runtime_error"
+
+
+def _compilation_error(message: str | None, cause: BaseException | None = None) -> BaseException:
+    import ast
+
+    errors = pytest.importorskip("triton.compiler.errors")
+    src = "def kernel(x):\n    y = tl.no_such_function(x)\n"
+    node = ast.parse(src).body[0].body[0]
+    return _raised(errors.CompilationError(src, node, message), cause)
+
+
+def test_compilation_error_reason_names_the_error_not_just_the_location():
+    from kernelevolve.evaluate.worker import _one_line
+
+    reason = _one_line(_compilation_error("'tl' has no attribute 'no_such_function'\nmore"))
+    assert reason == "CompilationError: at 2:4: 'tl' has no attribute 'no_such_function'"
+    reason = _one_line(_compilation_error(None, AttributeError("no attribute 'no_such_function'")))
+    assert reason == "CompilationError: at 2:4: AttributeError(\"no attribute 'no_such_function'\")"

@@ -1,8 +1,8 @@
 """The parent side of evaluation: draws seeds, computes reference outputs, drives one child per candidate, judges."""
 from __future__ import annotations
 
-import io
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -18,7 +18,7 @@ from kernelevolve.evaluate.checks import compare_outputs
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
 from kernelevolve.evaluate.timing import TimingConfig, median
-from kernelevolve.problem import Problem, as_outputs, build_model, import_module_from_path, make_inputs, to_device
+from kernelevolve.problem import Problem, as_outputs, build_model, import_module_from_path, make_inputs
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,9 @@ WALL_SLACK = 2.0
 WALL_ALLOWANCE_S = 0.25
 # A side stream is suspected when device-idle time exceeds stream time by more than the calibrated sync latency
 # plus this much (ms) or this fraction of the stream time.
-SIDE_STREAM_MS, SIDE_STREAM_FRAC = 0.02, 0.1
+SIDE_STREAM_MS, SIDE_STREAM_FRAC = 0.1, 0.5
+# Timed repetitions whose outputs are checked, at positions the child learns only when timing starts.
+CHECKED_REPS = 3
 
 
 def fresh_seed() -> int:
@@ -76,7 +78,7 @@ class Evaluator:
             if dev not in self._models:
                 self._models[dev] = build_model(self.module, "Model", self.init_seed).to(dev)
             model = self._models[dev]
-        inputs = to_device(make_inputs(self.module, seed, shape), dev)
+        inputs = make_inputs(self.module, seed, shape, dev)
         with torch.no_grad():
             torch.backends.cuda.matmul.allow_tf32 = self.problem.allow_tf32
             outs = as_outputs(model(*inputs))
@@ -116,7 +118,7 @@ class Evaluator:
         clock = _PhaseClock(details.setdefault("phases_s", {}))
         _expect(child, "hello")
         clock("start")
-        calib = self._timed(child, {"cmd": "calibrate"}, "calibrated")
+        calib, _ = self._timed(child, {"cmd": "calibrate"}, "calibrated")
         loaded = _expect(child, "loaded", send={"cmd": "load"})
         clock("load")
         details.update(load_s=loaded["load_s"], kernels=loaded["kernels"], weights=loaded["weights"])
@@ -137,7 +139,7 @@ class Evaluator:
         timing_ = None
         interpreted = self.config.device == "cpu" and (cand.language == "triton" or bool(loaded["kernels"]))
         if self.config.time_candidates and not interpreted:
-            timing_ = self._time(child, calib, details)
+            timing_ = self._time(child, calib, details, gpu)
             clock("timing")
             self._check_trial(child, "trial", 0, gpu, "post-timing check")
             clock("post_check")
@@ -155,12 +157,13 @@ class Evaluator:
         _raise_on_fail(header, "output")
         return header, blob, ref
 
-    def _compare(self, ref: tuple, blob: bytes) -> str | None:
-        return compare_outputs(ref, _load_tensors(blob), self.problem.allow_tf32, self.problem.atol, self.problem.rtol)
+    def _compare(self, ref: tuple, header: dict[str, Any], blob: bytes) -> str | None:
+        return compare_outputs(ref, _load_tensors(header, blob), self.problem.allow_tf32, self.problem.atol,
+                               self.problem.rtol)
 
     def _check_trial(self, child: Child, cmd: str, shape: int, gpu: int | None, what: str) -> dict[str, Any]:
         header, blob, ref = self._output(child, {"cmd": cmd, "seed": fresh_seed(), "shape": shape}, gpu)
-        reason = self._compare(ref, blob)
+        reason = self._compare(ref, header, blob)
         if reason:
             raise _Verdict(Status.INCORRECT, f"{what}: {reason}")
         return header
@@ -169,19 +172,35 @@ class Evaluator:
         header, blob, ref = self._output(child, {"cmd": "ghost", "seed": fresh_seed(), "shape": 0}, gpu)
         if header.get("ghost_error"):
             return
-        if self._compare(ref, blob) is None:
+        if self._compare(ref, header, blob) is None:
             raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
 
-    def _timed(self, child: Child, cmd: dict[str, Any], reply: str) -> dict[str, Any]:
+    def _timed(self, child: Child, cmd: dict[str, Any], reply: str) -> tuple[dict[str, Any], bytes]:
         """Send a timing command; add the parent's own clock reading of the measured loop as ``parent_wall_s``."""
         _request(child, cmd, "timing_begin")
         t0 = time.perf_counter()
-        header = _expect(child, reply)
+        header, blob = child.recv()
         header["parent_wall_s"] = time.perf_counter() - t0
-        return header
+        _raise_on_fail(header, reply)
+        return header, blob
 
-    def _time(self, child: Child, calib: dict[str, Any], details: dict[str, Any]) -> Timing:
-        res = self._timed(child, {"cmd": "time", "seeds": [fresh_seed() for _ in range(3)], "shape": 0}, "timed")
+    def _check_timed_outputs(self, res: dict[str, Any], blob: bytes, seeds: list[int], gpu: int | None) -> None:
+        """Outputs of randomly chosen timed repetitions must be right too: work skipped only while timed is caught."""
+        outs = _load_tensors(res, blob)
+        n_sets, at = max(1, int(res["input_sets"])), 0
+        for rep, count in res.get("kept", []):
+            reason = compare_outputs(self.reference(seeds[int(rep) % n_sets], 0, gpu), outs[at:at + int(count)],
+                                     self.problem.allow_tf32, self.problem.atol, self.problem.rtol)
+            at += int(count)
+            if reason:
+                raise _Verdict(Status.INCORRECT, f"timed repetition {rep}: {reason}")
+        if len(res.get("kept", [])) == 0:
+            raise _Verdict(Status.REJECTED, "no timed repetition was returned for checking")
+
+    def _time(self, child: Child, calib: dict[str, Any], details: dict[str, Any], gpu: int | None) -> Timing:
+        seeds = [fresh_seed() for _ in range(3)]
+        check_at = sorted(int.from_bytes(os.urandom(2), "little") / 65536 for _ in range(CHECKED_REPS))
+        res, blob = self._timed(child, {"cmd": "time", "seeds": seeds, "shape": 0, "check_at": check_at}, "timed")
         samples, device_ms = res["samples_ms"], res["device_ms"]
         reps, wall = len(samples), res["parent_wall_s"]
         per_rep_s = calib["parent_wall_s"] / max(calib["reps"], 1)
@@ -193,6 +212,7 @@ class Evaluator:
         if wall > WALL_SLACK * (reported_s + reps * per_rep_s) + WALL_ALLOWANCE_S:
             raise _Verdict(Status.REJECTED, f"timed loop took {wall:.3f} s by the parent's clock but the runs "
                                             f"report {reported_s:.3f} s: forged or hidden timing")
+        self._check_timed_outputs(res, blob, seeds, gpu)
         chosen = samples
         if res["method"] == "cuda-events":
             gap, calib_gap = median([d - s for s, d in zip(samples, device_ms)]), median(
@@ -213,7 +233,7 @@ class Evaluator:
                 with Child(job, self.config.timeout_s) as child:
                     _expect(child, "hello")
                     _expect(child, "loaded", send={"cmd": "load"})
-                    res = self._timed(child, {"cmd": "time", "seeds": [fresh_seed() for _ in range(3)],
+                    res, _ = self._timed(child, {"cmd": "time", "seeds": [fresh_seed() for _ in range(3)],
                                               "compiled": key == "compiled"}, "timed")
                     child.send({"cmd": "done"})
                 timings[key] = Timing.from_samples(res["samples_ms"], res["method"])
@@ -264,13 +284,28 @@ def _raise_on_fail(header: dict[str, Any], reply: str) -> None:
         raise _Verdict(Status.REJECTED, f"protocol violation: expected {reply!r}, got {str(msg)[:40]!r}")
 
 
-def _load_tensors(blob: bytes) -> tuple[Any, ...]:
-    """Tensors from a child. weights_only: a forged payload cannot run code in the parent."""
+def _load_tensors(header: dict[str, Any], blob: bytes) -> tuple[torch.Tensor, ...]:
+    """Tensors from a child's raw bytes, rebuilt from the header's dtypes and shapes: nothing is unpickled, so a
+    forged payload cannot run code in the parent."""
+    out, offset = [], 0
     try:
-        value = torch.load(io.BytesIO(blob), weights_only=True)
-    except Exception as e:
-        raise _Verdict(Status.REJECTED, f"unreadable output payload: {type(e).__name__}") from e
-    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        for spec in header.get("tensors", []):
+            dtype = getattr(torch, str(spec["dtype"]))
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"not a dtype: {spec['dtype']}")
+            shape = [int(d) for d in spec["shape"]]
+            size = math.prod(shape) * dtype.itemsize
+            chunk = blob[offset:offset + size]
+            if len(chunk) != size:
+                raise ValueError("payload shorter than its header says")
+            offset += size
+            flat = torch.frombuffer(bytearray(chunk), dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+            out.append(flat.view(dtype).reshape(shape))
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise _Verdict(Status.REJECTED, f"unreadable output payload: {e}") from e
+    if offset != len(blob):
+        raise _Verdict(Status.REJECTED, "unreadable output payload: trailing bytes")
+    return tuple(out)
 
 
 def _tail(path: Path, limit: int = 4000) -> str:

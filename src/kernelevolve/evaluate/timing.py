@@ -6,7 +6,7 @@ that patches ``time.perf_counter`` or ``torch.cuda.Event`` later cannot reach th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -38,14 +38,15 @@ class TimingRun:
     loop_wall_s: float  # the measured loop as the harness's own clock saw it, flushes included
     warmup_calls: int
     method: str
+    kept: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)  # outputs of the repetitions to check
 
 
-def _call_until(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], budget_s: float, sync: Callable[[], None],
+def _call_until(fn: Callable[..., Any], live: "_LiveInputs", budget_s: float, sync: Callable[[], None],
                 min_calls: int) -> tuple[int, float]:
     """Call ``fn`` until ``budget_s`` has passed (at least ``min_calls`` times); return (calls, seconds per call)."""
     calls, t0 = 0, _perf()
     while calls < min_calls or _perf() - t0 < budget_s:
-        fn(*input_sets[calls % len(input_sets)])
+        fn(*live.load(calls))
         sync()
         calls += 1
         if calls >= 10_000:
@@ -57,19 +58,21 @@ def warm_up(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
             cfg: TimingConfig = TimingConfig()) -> tuple[int, int]:
     """Call ``fn`` for ``cfg.warmup_ms``; return (warm-up calls, repetitions that fill ``cfg.budget_ms``)."""
     sync = _sync if device.startswith("cuda") else (lambda: None)
-    calls, per_call_s = _call_until(fn, input_sets, cfg.warmup_ms / 1e3, sync, min_calls=2)
+    calls, per_call_s = _call_until(fn, _LiveInputs(input_sets), cfg.warmup_ms / 1e3, sync, min_calls=2)
     reps = int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / 1e3 / max(per_call_s, 1e-6))))
     return calls, reps
 
 
 def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, reps: int,
-            cfg: TimingConfig = TimingConfig(), warm_calls: int = 0) -> TimingRun:
-    """Time ``reps`` calls of ``fn`` over rotating input sets, flushing the cache before each."""
+            cfg: TimingConfig = TimingConfig(), warm_calls: int = 0, keep: Sequence[int] = ()) -> TimingRun:
+    """Time ``reps`` calls of ``fn``. Before each, outside the timed window, the next input set's values are copied
+    into the same buffers (so a cache keyed on pointer, id or version goes stale) and the cache is flushed. The
+    outputs of the repetitions in ``keep`` are cloned and returned, so that timed calls can be checked too."""
     cuda = device.startswith("cuda")
     flush = torch.empty(FLUSH_BYTES["cuda" if cuda else "cpu"], dtype=torch.int8, device=device) if cfg.flush else None
-    if cuda:
-        return _time_cuda(fn, input_sets, reps, flush, warm_calls)
-    return _time_cpu(fn, input_sets, reps, flush, warm_calls)
+    live = _LiveInputs(input_sets)
+    loop = _time_cuda if cuda else _time_cpu
+    return loop(fn, live, reps, flush, warm_calls, set(keep))
 
 
 def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str,
@@ -78,38 +81,66 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], devi
     return measure(fn, input_sets, device, reps, cfg, calls)
 
 
-def _time_cuda(fn, input_sets, reps: int, flush: torch.Tensor | None, warm_calls: int) -> TimingRun:
+class _LiveInputs:
+    """One set of input buffers, refilled from the rotating input sets before each call: the sets themselves are never
+    passed to the function, so they stay pristine even when the op mutates its inputs."""
+
+    def __init__(self, input_sets: Sequence[Sequence[Any]]):
+        self.sets = input_sets
+        self.args = [v.clone() if isinstance(v, torch.Tensor) else v for v in input_sets[0]]
+
+    def load(self, i: int) -> list[Any]:
+        for buf, src in zip(self.args, self.sets[i % len(self.sets)]):
+            if isinstance(buf, torch.Tensor):
+                buf.copy_(src)
+        return self.args
+
+
+def _kept(out: Any) -> tuple[torch.Tensor, ...]:
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs)
+
+
+def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
+               keep: set[int]) -> TimingRun:
     events = [(_Event(enable_timing=True), _Event(enable_timing=True), _Event(enable_timing=True)) for _ in range(reps)]
+    kept: dict[int, tuple[torch.Tensor, ...]] = {}
     _sync()
     t0 = _perf()
     for i, (start, stop, idle) in enumerate(events):
+        args = live.load(i)
         if flush is not None:
             _zero(flush)
         _record(start)
-        fn(*input_sets[i % len(input_sets)])
+        out = fn(*args)
         _record(stop)
         # Work a candidate hides on a side stream is caught here: the device must be idle before `idle` is recorded.
         _sync()
         _record(idle)
+        if i in keep:
+            kept[i] = _kept(out)
     _sync()
     wall = _perf() - t0
     stream = [_elapsed(s, e) for s, e, _ in events]
     device = [_elapsed(s, d) for s, _, d in events]
-    return TimingRun(stream, device, wall, warm_calls, "cuda-events")
+    return TimingRun(stream, device, wall, warm_calls, "cuda-events", kept)
 
 
-def _time_cpu(fn, input_sets, reps: int, flush: torch.Tensor | None, warm_calls: int) -> TimingRun:
-    samples = []
+def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
+              keep: set[int]) -> TimingRun:
+    samples, kept = [], {}
     t0 = _perf()
     for i in range(reps):
+        args = live.load(i)
         if flush is not None:
             _zero(flush)
-        args = input_sets[i % len(input_sets)]
         t = _perf()
-        fn(*args)
+        out = fn(*args)
         samples.append((_perf() - t) * 1e3)
+        if i in keep:
+            kept[i] = _kept(out)
     wall = _perf() - t0
-    return TimingRun(samples, samples, wall, warm_calls, "perf_counter")
+    return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept)
 
 
 def median(values: Sequence[float]) -> float:

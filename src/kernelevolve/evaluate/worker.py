@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kernelevolve.evaluate import checks, timing
-from kernelevolve.problem import as_outputs, import_module_from_path, make_inputs, seed_everything, to_device
+from kernelevolve.problem import as_outputs, import_module_from_path, make_inputs, seed_everything
 
 CANDIDATE_MODULE = "ke_candidate"
 PROBLEM_MODULE = "ke_problem"
@@ -92,7 +92,12 @@ def _redirect_output(path: str) -> None:
 
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+    head = text[0] if text else ""
+    if type(e).__name__ == "CompilationError":
+        # Triton's message opens with "at line:col:" and the kernel's source; what went wrong comes last, or as cause
+        detail = getattr(e, "error_message", None) or (repr(e.__cause__) if e.__cause__ is not None else "")
+        head = f"{head} {(str(detail).strip().splitlines() or [''])[0]}".strip()
+    return f"{type(e).__name__}: {head}"[:300]
 
 
 def classify(e: BaseException) -> str:
@@ -159,12 +164,12 @@ class Session:
                         "weights": "reference" if self.job["mode"] == "baseline" else weights})
 
     def cmd_trial(self, cmd: dict[str, Any]) -> None:
-        self.inputs = to_device(make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0)), self.device)
+        self.inputs = make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0), self.device)
         self._send_outputs(self._call(self.inputs))
 
     def cmd_recall(self, cmd: dict[str, Any]) -> None:
         """New values in the same input buffers: an output cached by pointer, id or first call goes stale."""
-        fresh = to_device(make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0)), self.device)
+        fresh = make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0), self.device)
         assert self.inputs is not None, "recall before trial"
         for old, new in zip(self.inputs, fresh):
             if isinstance(old, torch.Tensor):
@@ -173,7 +178,7 @@ class Session:
 
     def cmd_ghost(self, cmd: dict[str, Any]) -> None:
         """Run with the candidate's own Triton kernels disabled: the output must then be wrong."""
-        inputs = to_device(make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0)), self.device)
+        inputs = make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0), self.device)
         self.ghost = True
         try:
             with torch.no_grad():
@@ -198,25 +203,30 @@ class Session:
             self._sync()
             self.first_call_s = _perf() - t0
         with torch.no_grad():
-            self._timed(fn, sets, self.cfg, "timed")
+            self._timed(fn, sets, self.cfg, "timed", cmd.get("check_at", []))
         self._check_tamper("timing")
 
     # --- helpers --------------------------------------------------------------------------------------------
-    def _timed(self, fn: Any, sets: list[list[Any]], cfg: timing.TimingConfig, reply: str) -> None:
+    def _timed(self, fn: Any, sets: list[list[Any]], cfg: timing.TimingConfig, reply: str,
+               check_at: list[float] = ()) -> None:
         calls, reps = timing.warm_up(fn, sets, self.device, cfg)
+        keep = sorted({min(reps - 1, int(f * reps)) for f in check_at})
         self.chan.send({"msg": "timing_begin", "reps": reps})
-        run = timing.measure(fn, sets, self.device, reps, cfg, calls)
+        run = timing.measure(fn, sets, self.device, reps, cfg, calls, keep)
+        kept = [run.kept[i] for i in keep]
+        meta, blob = _encode([o for outs in kept for o in outs])
         self.chan.send({"msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
                         "loop_wall_s": run.loop_wall_s, "reps": reps, "warmup_calls": calls, "method": run.method,
-                        "input_sets": len(sets), "first_call_s": self.first_call_s})
+                        "input_sets": len(sets), "first_call_s": self.first_call_s, "tensors": meta,
+                        "kept": [[i, len(outs)] for i, outs in zip(keep, kept)]}, blob)
 
     def _input_sets(self, seeds: list[int], shape: int) -> list[list[Any]]:
         """Several input sets to rotate through, as many as fit in a quarter of free memory (at least one)."""
-        first = to_device(make_inputs(self.problem, seeds[0], shape), self.device)
+        first = make_inputs(self.problem, seeds[0], shape, self.device)
         size = sum(v.numel() * v.element_size() for v in first if isinstance(v, torch.Tensor))
         free = torch.cuda.mem_get_info()[0] if self.device == "cuda" else 4 << 30
         n = max(1, min(len(seeds), int(free / 4 // max(size, 1))))
-        return [first] + [to_device(make_inputs(self.problem, s, shape), self.device) for s in seeds[1:n]]
+        return [first] + [make_inputs(self.problem, s, shape, self.device) for s in seeds[1:n]]
 
     def _build(self, module: Any, cls_name: str) -> torch.nn.Module:
         seed_everything(self.job["init_seed"])
@@ -271,10 +281,9 @@ class Session:
                     raise Fail("incorrect", f"output {i} is {type(o).__name__}, not a torch.Tensor")
                 if o.device.type != torch.device(self.device).type:
                     raise Fail("incorrect", f"output {i} is on {o.device}, expected {self.device}")
-        buf = io.BytesIO()
-        torch.save(tuple(o.detach().cpu().clone() for o in outs if type(o) is torch.Tensor), buf)
-        self.chan.send({"msg": "output", "launches": self.launches, "first_call_s": self.first_call_s},
-                       buf.getvalue())
+        meta, blob = _encode(list(outs))
+        self.chan.send({"msg": "output", "launches": self.launches, "first_call_s": self.first_call_s,
+                        "tensors": meta}, blob)
 
     def _check_tamper(self, when: str) -> None:
         changed = checks.tampered(self.timers)
@@ -320,6 +329,14 @@ class Session:
             return original(kernel, *args, **kwargs)
 
         return run
+
+
+def _encode(outs: list[Any]) -> tuple[list[dict[str, Any]], bytes]:
+    """Exact tensors as (dtype and shape per tensor, their elements as raw row-major bytes): the parent rebuilds them
+    from that alone, unpickling nothing. Anything else is left out, which the parent sees as a missing output."""
+    tensors = [o.detach() for o in outs if type(o) is torch.Tensor]
+    meta = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors]
+    return meta, b"".join(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors)
 
 
 def _library_dirs() -> list[str]:

@@ -1,4 +1,4 @@
-"""Cheat (not caught): look up the call stack; inside the harness's timing loop, whose outputs are never checked,
+"""Cheat: look up the call stack; inside the harness's timing loop, whose outputs are never checked,
 skip the work and return an uninitialized tensor."""
 import sys
 

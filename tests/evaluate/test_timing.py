@@ -1,0 +1,40 @@
+"""The timing loop refills the same input buffers with new values before every call."""
+import torch
+
+from kernelevolve.evaluate.timing import TimingConfig, measure, warm_up
+
+
+def test_every_call_sees_new_values_in_the_same_buffers():
+    sets = [[torch.full((8,), float(k))] for k in range(3)]
+    seen = []
+
+    def fn(x):
+        seen.append((x.data_ptr(), x._version, float(x[0])))
+        return x * 2
+
+    cfg = TimingConfig(budget_ms=5, warmup_ms=1, min_reps=7, max_reps=7, flush=False)
+    calls, reps = warm_up(fn, sets, "cpu", cfg)
+    seen.clear()
+    run = measure(fn, sets, "cpu", reps, cfg, calls, keep=[0, 4])
+    assert len(seen) == reps == 7
+    assert len({ptr for ptr, _, _ in seen}) == 1, "one buffer, reused"
+    versions = [v for _, v, _ in seen]
+    assert versions == sorted(set(versions)), "the version counter moves on every call"
+    assert [val for _, _, val in seen] == [float(i % 3) for i in range(7)], "values rotate through the sets"
+    assert [float(sets[k][0][0]) for k in range(3)] == [0.0, 1.0, 2.0], "the sets themselves are never touched"
+    assert sorted(run.kept) == [0, 4]
+    assert torch.equal(run.kept[4][0], torch.full((8,), 2.0)), "kept outputs are clones taken after the call"
+
+
+def test_mutating_function_leaves_sets_pristine():
+    sets = [[torch.ones(4)]]
+
+    def fn(x):
+        x.add_(1)
+        return x
+
+    cfg = TimingConfig(budget_ms=1, warmup_ms=1, min_reps=3, max_reps=3, flush=False)
+    calls, reps = warm_up(fn, sets, "cpu", cfg)
+    run = measure(fn, sets, "cpu", reps, cfg, calls, keep=[2])
+    assert torch.equal(sets[0][0], torch.ones(4))
+    assert torch.equal(run.kept[2][0], torch.full((4,), 2.0))
