@@ -95,12 +95,12 @@ def test_tampering_is_rejected(scale_evaluator, candidate, name, fragment):
     assert fragment in r.reason
 
 
-def test_time_hidden_between_timed_calls_is_rejected(scale_evaluator, candidate):
-    """0.1 s spent in each cache flush is outside every sample: the parent's wall clock disagrees with the samples."""
+def test_time_cannot_be_hidden_in_the_harness_flush(scale_evaluator, candidate):
+    """A TorchFunctionMode that would spend 0.1 s in every cache flush never sees it: the harness flushes and refills
+    inputs with modes off, so no time hides between the timed calls."""
     r = scale_evaluator.evaluate(candidate("hidden_work_in_flush"))
-    assert r.status is Status.REJECTED, (r.reason, r.error)
-    assert "by the parent's clock" in r.reason and "forged or hidden timing" in r.reason
-    assert r.details["parent_wall_s"] > 2.5 > 100 * r.details["reported_s"]
+    assert r.status is Status.OK, (r.reason, r.error)
+    assert r.details["parent_wall_s"] < 0.1 * r.details["reps"]
 
 
 @pytest.mark.parametrize("name, when", [("subprocess_at_import", "import"), ("subprocess_in_forward", "call")])

@@ -123,36 +123,39 @@ def live_threads() -> set[int]:
 
 
 class ThreadOrigins:
-    """Records which code started each thread, so that worker pools torch and triton keep (Inductor's autotuning
-    precompile pool, for one) are not blamed on the candidate. The creator is the first frame outside the threading
-    and concurrent.futures modules."""
+    """Records the threads the candidate's own code starts. The creator of a thread is the first frame outside the
+    threading, concurrent.futures and multiprocessing modules; a thread is the candidate's when that frame is in the
+    candidate's file or in code with no file (exec'd strings). Pools that torch, triton or their helpers keep alive
+    (Inductor's autotuning pool, progress-bar monitors) are theirs."""
 
-    def __init__(self, library_dirs: list[str]):
-        self.library_dirs = tuple(os.path.join(d, "") for d in library_dirs)
-        self.library_threads: set[int] = set()
-        self._original = threading.Thread.start
+    SKIP = (threading.__file__, os.path.join("concurrent", "futures", ""), os.path.join("multiprocessing", ""))
+
+    def __init__(self, candidate_file: str):
+        self.candidate_file = os.path.realpath(candidate_file) if candidate_file else ""
+        self.owned: set[int] = set()
+        original = threading.Thread.start
         origins = self
 
         def start(thread: threading.Thread, *args: Any, **kwargs: Any) -> Any:
-            result = origins._original(thread, *args, **kwargs)
-            if origins._from_library():
-                origins.library_threads.add(id(thread))
-            return result
+            if origins._from_candidate():
+                origins.owned.add(id(thread))
+            return original(thread, *args, **kwargs)
 
         threading.Thread.start = start  # type: ignore[method-assign]
 
-    def _from_library(self) -> bool:
+    def _from_candidate(self) -> bool:
         import sys
 
         frame = sys._getframe(2)
-        skip = (threading.__file__, os.path.join("concurrent", "futures"))
-        while frame is not None and any(k in frame.f_code.co_filename for k in skip):
+        while frame is not None and any(k in frame.f_code.co_filename for k in self.SKIP):
             frame = frame.f_back
-        return frame is not None and frame.f_code.co_filename.startswith(self.library_dirs)
+        if frame is None:
+            return True
+        name = frame.f_code.co_filename
+        return name.startswith("<") or not os.path.isfile(name) or os.path.realpath(name) == self.candidate_file
 
     def candidate_threads(self, baseline: set[int]) -> list[threading.Thread]:
-        return [t for t in threading.enumerate() if t.is_alive() and t.ident not in baseline
-                and id(t) not in self.library_threads]
+        return [t for t in threading.enumerate() if t.is_alive() and t.ident not in baseline and id(t) in self.owned]
 
 
 def child_processes() -> set[int]:

@@ -17,6 +17,9 @@ _Event = torch.cuda.Event
 _record = torch.cuda.Event.record
 _elapsed = torch.cuda.Event.elapsed_time
 _zero = torch.Tensor.zero_
+# The harness's own work between calls (refilling inputs, flushing the cache) runs with __torch_function__ modes off,
+# so that a mode a candidate enters cannot hide its work there, nor inflate the loop's calibrated cost.
+_no_modes = torch._C.DisableTorchFunction
 
 # Larger than any current L2 (H200: 60 MB) and most CPU last-level caches, so each repetition starts cold.
 FLUSH_BYTES = {"cuda": 256 << 20, "cpu": 64 << 20}
@@ -108,9 +111,10 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
     _sync()
     t0 = _perf()
     for i, (start, stop, idle) in enumerate(events):
-        args = live.load(i)
-        if flush is not None:
-            _zero(flush)
+        with _no_modes():
+            args = live.load(i)
+            if flush is not None:
+                _zero(flush)
         _record(start)
         out = fn(*args)
         _record(stop)
@@ -131,9 +135,10 @@ def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm
     samples, kept = [], {}
     t0 = _perf()
     for i in range(reps):
-        args = live.load(i)
-        if flush is not None:
-            _zero(flush)
+        with _no_modes():
+            args = live.load(i)
+            if flush is not None:
+                _zero(flush)
         t = _perf()
         out = fn(*args)
         samples.append((_perf() - t) * 1e3)
