@@ -2,6 +2,9 @@
 the evaluator must give the right status, with a reason that names what was wrong."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from kernelevolve.evaluate import Status
@@ -139,3 +142,25 @@ def test_work_skipped_only_while_timed_is_caught(scale_evaluator, candidate):
     """Outputs of randomly chosen timed repetitions are checked against the reference too."""
     r = scale_evaluator.evaluate(candidate("stack_inspection"))
     assert r.status is Status.INCORRECT and "timed repetition" in r.reason, r.reason
+
+
+def test_input_mutation_hidden_by_a_torch_function_mode_is_rejected(scale_evaluator, candidate):
+    r = scale_evaluator.evaluate(candidate("hidden_mutation"))
+    assert r.status is Status.REJECTED
+
+
+def test_skipping_the_reference_in_place_update_is_incorrect(inplace_evaluator, candidate):
+    r = inplace_evaluator.evaluate(candidate("inplace_skips_mutation"))
+    assert r.status is Status.INCORRECT, r.reason
+
+
+def test_daemon_escaping_to_its_own_session_is_rejected_and_killed(untimed_evaluator, candidate, gone, tmp_path):
+    pidfile = tmp_path / "daemon.pid"
+    r = untimed_evaluator.evaluate(candidate("escaped_daemon", pidfile=str(pidfile)))
+    pid = int(pidfile.read_text())
+    try:
+        assert gone(pid, wait_s=1.0), f"daemon {pid} survived; status {r.status.value}: {r.reason}"
+        assert r.status is Status.REJECTED and "child process" in r.reason, r.reason
+    finally:
+        if not gone(pid, wait_s=0):
+            os.kill(pid, signal.SIGKILL)

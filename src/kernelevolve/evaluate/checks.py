@@ -158,9 +158,9 @@ class ThreadOrigins:
         return [t for t in threading.enumerate() if t.is_alive() and t.ident not in baseline and id(t) in self.owned]
 
 
-def child_processes() -> set[int]:
-    """PIDs of live processes whose parent is this process (Linux /proc; empty elsewhere)."""
-    me, found = os.getpid(), set()
+def child_processes(parent: int | None = None) -> set[int]:
+    """PIDs of live processes whose parent is ``parent`` (default: this process). Linux /proc; empty elsewhere."""
+    me, found = parent or os.getpid(), set()
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -176,3 +176,23 @@ def child_processes() -> set[int]:
         if int(fields[1]) == me and fields[0] != "Z":
             found.add(int(entry))
     return found
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants (a daemon started with setsid by a short-lived shell, say) this process's children,
+    so that the outlive check sees them and the kill reaches them. Linux only."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def kill_children(parent: int | None = None) -> None:
+    for pid in child_processes(parent):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass

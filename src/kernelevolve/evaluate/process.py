@@ -122,6 +122,7 @@ class Child:
         """Kill the child's whole process group (it called setsid), then the child itself."""
         pid = self.proc.pid
         if pid is not None:
+            checks.kill_children(pid)  # daemons in their own session, adopted by the child (a subreaper)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(Exception):

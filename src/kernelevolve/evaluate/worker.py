@@ -6,17 +6,22 @@ never holds a reference output: it sends its own outputs, and the parent judges 
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import sys
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from kernelevolve.evaluate import checks, timing
 from kernelevolve.problem import as_outputs, import_module_from_path, make_inputs, seed_everything
+
+_no_function_modes = torch._C.DisableTorchFunction
+_no_dispatch_modes = _disable_current_modes
 
 CANDIDATE_MODULE = "ke_candidate"
 PROBLEM_MODULE = "ke_problem"
@@ -50,6 +55,7 @@ def child_main(conn: Any, job: dict[str, Any]) -> None:
         os.setsid()  # own process group: the parent kills the whole group on timeout
     except OSError:
         pass
+    checks.become_subreaper()
     _redirect_output(job["log"])
     clean = checks.scrub_environment(dict(os.environ))
     os.environ.clear()
@@ -70,6 +76,7 @@ def child_main(conn: Any, job: dict[str, Any]) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        checks.kill_children()
         os._exit(0)  # skip atexit handlers a candidate may have registered
 
 
@@ -178,7 +185,7 @@ class Session:
             with torch.no_grad():
                 out = self.model(*inputs)
             self._sync()
-            outs = as_outputs(out)
+            outs = self._with_inputs(as_outputs(out), inputs)
         except Exception as e:  # a crash with kernels disabled is a pass for the candidate
             self.chan.send({"msg": "output", "ghost_error": _one_line(e)})
             return
@@ -265,11 +272,18 @@ class Session:
         if self.first_call_s is None:
             self.first_call_s = _perf() - t0
         self._check_tamper("call")
+        with _harness_only():
+            if not self.job.get("mutates_inputs"):
+                for i, (b, v) in enumerate(zip(before, inputs)):
+                    if b is not None and not _same(b, v):
+                        raise Fail("rejected", f"forward modified input {i} (the reference does not)")
+        return self._with_inputs(as_outputs(out), inputs)
+
+    def _with_inputs(self, outs: tuple[Any, ...], inputs: list[Any]) -> tuple[Any, ...]:
+        """When the reference mutates its inputs, the inputs after the call are part of the result and are judged."""
         if not self.job.get("mutates_inputs"):
-            for i, (b, v) in enumerate(zip(before, inputs)):
-                if b is not None and not _same(b, v):
-                    raise Fail("rejected", f"forward modified input {i} (the reference does not)")
-        return as_outputs(out)
+            return outs
+        return outs + tuple(v for v in inputs if isinstance(v, torch.Tensor))
 
     def _send_outputs(self, outs: tuple[Any, ...], check_types: bool = True) -> None:
         if check_types:
@@ -280,7 +294,8 @@ class Session:
                     raise Fail("incorrect", f"output {i} is {type(o).__name__}, not a torch.Tensor")
                 if o.device.type != torch.device(self.device).type:
                     raise Fail("incorrect", f"output {i} is on {o.device}, expected {self.device}")
-        meta, blob = _encode(list(outs))
+        with _harness_only():
+            meta, blob = _encode(list(outs))
         self.chan.send({"msg": "output", "launches": self.launches, "first_call_s": self.first_call_s,
                         "tensors": meta}, blob)
 
@@ -328,6 +343,13 @@ class Session:
             return original(kernel, *args, **kwargs)
 
         return run
+
+
+@contextlib.contextmanager
+def _harness_only() -> Iterator[None]:
+    """The harness's own comparisons and copies, with the candidate's __torch_function__ and dispatch modes off."""
+    with _no_function_modes(), _no_dispatch_modes():
+        yield
 
 
 def _encode(outs: list[Any]) -> tuple[list[dict[str, Any]], bytes]:

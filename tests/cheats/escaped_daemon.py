@@ -1,6 +1,5 @@
-"""Cheat (not caught): a helper started in its own session whose parent exits at once. It is nobody's child in the
-candidate process (the outlive check misses it) and outside the process group (the kill misses it). Writes its pid
-to __PIDFILE__."""
+"""Cheat: a helper started in its own session whose parent exits at once. It is outside the process group; without
+a subreaper it would also be nobody's child in the candidate process. Writes its pid to __PIDFILE__."""
 import subprocess
 
 import torch

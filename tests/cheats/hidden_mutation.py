@@ -1,4 +1,4 @@
-"""Cheat (not caught): mutates its input, and hides it from the harness's in-process comparison with a
+"""Cheat: mutates its input, and tries to hide it from the harness's comparison with a
 TorchFunctionMode, entered at import and never left, under which torch.equal always answers True."""
 import torch
 import torch.nn as nn
