@@ -9,6 +9,7 @@ For each evaluation:
 Throughput is 60 / median(wall) candidates per minute per worker.
 
     PYTHONPATH=src python3 bench/harness_overhead.py --device cuda --n 8 --json bench/results/overhead.json
+    PYTHONPATH=src python3 bench/harness_overhead.py --device cpu --shape 256x1024 --n 5
 """
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import argparse
 import datetime as dt
 import json
 import platform
+import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +45,7 @@ def measure(evaluator: Evaluator, source: str, n: int) -> dict:
         compile_s = r.compile_s or 0.0
         rows.append({"status": r.status.value, "reason": r.reason, "wall_s": r.wall_s, "loop_s": loop,
                      "compile_s": compile_s, "overhead_s": r.wall_s - loop - compile_s,
-                     "runtime_ms": r.runtime_ms, "timed": r.timed})
+                     "runtime_ms": r.runtime_ms, "timed": r.timed, "phases_s": r.details.get("phases_s", {})})
     ok = [x for x in rows if x["status"] == "ok"]
     med = lambda k: statistics.median(x[k] for x in ok) if ok else None  # noqa: E731
     return {"n": n, "ok": len(ok), "median_wall_s": med("wall_s"), "median_loop_s": med("loop_s"),
@@ -56,11 +59,18 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--n", type=int, default=6)
     ap.add_argument("--problem", default=str(HERE / "problems" / "scale_bias_relu.py"))
+    ap.add_argument("--shape", help="ROWSxCOLS replacing the problem's size (e.g. 256x1024 for a CPU)")
     ap.add_argument("--timing-budget-ms", type=float, default=1000.0)
     ap.add_argument("--json")
     args = ap.parse_args()
 
-    problem = load_problem(args.problem, args.device)
+    problem_path = Path(args.problem)
+    if args.shape:
+        rows, cols = (int(v) for v in args.shape.lower().split("x"))
+        text = re.sub(r"^ROWS, COLS = .*$", f"ROWS, COLS = {rows}, {cols}", problem_path.read_text(), flags=re.M)
+        problem_path = Path(tempfile.mkdtemp()) / problem_path.name
+        problem_path.write_text(text)
+    problem = load_problem(problem_path, args.device)
     evaluator = Evaluator(problem, EvalConfig(device=args.device, timeout_s=300,
                                               timing=TimingConfig(budget_ms=args.timing_budget_ms)))
     evaluator.evaluate(Candidate(TORCH + "\n# warm the fork server\n"))
@@ -77,7 +87,7 @@ def main() -> None:
         "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
         "command": " ".join(["python3"] + sys.argv), "timing_budget_ms": args.timing_budget_ms,
-        "problem": Path(args.problem).name, "results": results,
+        "problem": Path(args.problem).name, "shape": args.shape, "results": results,
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

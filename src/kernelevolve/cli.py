@@ -65,7 +65,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             counts[result.status.value] = counts.get(result.status.value, 0) + 1
             progress.advance(task)
             line = f"node {node['id']:>3} {node['proposer']:<9} {result.status.value:<13} "
-            line += f"{_fmt_ms(result.runtime_ms):>12}  {_fmt_x(result.speedup_eager)} vs eager  {result.reason[:70]}"
+            reason = result.reason + (f"; SUSPECT: {result.details['suspect']}" if result.details.get("suspect") else "")
+            line += f"{_fmt_ms(result.runtime_ms):>12}  {_fmt_x(result.speedup_eager)} vs eager  {reason[:90]}"
             progress.console.print(line, markup=False)
             progress.update(task, status=" ".join(f"{k}:{v}" for k, v in sorted(counts.items())))
 

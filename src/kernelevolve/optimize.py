@@ -1,6 +1,7 @@
 """One optimization run end to end: profile, baseline, search, then best.py and report.html."""
 from __future__ import annotations
 
+import json
 import logging
 import platform
 from dataclasses import asdict, dataclass, field
@@ -128,8 +129,6 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value)
 
 
@@ -172,12 +171,19 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
 def _node_view(node: dict[str, Any], baseline: Baseline | None) -> dict[str, Any]:
     r = node["result"].with_baseline(baseline) if node["result"] else None
     return {"id": node["id"], "parent": node["parent"], "proposer": node["proposer"], "language": node["language"],
-            "sha": node["sha"], "status": r.status.value if r else "pending", "reason": r.reason if r else "",
+            "sha": node["sha"], "status": r.status.value if r else "pending", "reason": _reason(r),
             "runtime_ms": r.runtime_ms if r else None, "timed": bool(r and r.timed),
             "speedup_eager": r.speedup_eager if r else None, "speedup_compile": r.speedup_compile if r else None,
             "compile_s": r.compile_s if r else None, "load_s": r.load_s if r else None,
             "wall_s": r.wall_s if r else None, "created": node["created"], "cached": node["cached"],
             "meta": node["meta"], "error": (r.error if r else "") or "", "source": node["source"]}
+
+
+def _reason(r: Result | None) -> str:
+    if r is None:
+        return ""
+    suspect = r.details.get("suspect")
+    return f"{r.reason}; SUSPECT: {suspect}" if suspect else r.reason
 
 
 def write_outputs(store: Store, run_id: int, out_dir: Path) -> dict[str, Path]:

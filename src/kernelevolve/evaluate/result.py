@@ -7,6 +7,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
+SUSPECT_SPEEDUP = 10.0
+
+
 class Status(str, enum.Enum):
     OK = "ok"
     INCORRECT = "incorrect"
@@ -85,6 +88,16 @@ class Result:
         eager = baseline.eager.median_ms / self.timing.median_ms if baseline.eager else None
         comp = baseline.compiled.median_ms / self.timing.median_ms if baseline.compiled else None
         return replace(self, speedup_eager=eager, speedup_compile=comp)
+
+    def flag_suspect(self, floor_ms: float | None, max_speedup: float = SUSPECT_SPEEDUP) -> "Result":
+        """Mark a timing that beats the roofline floor, or a speedup over ``max_speedup``, as suspect until explained.
+        A mark, not a verdict: the candidate passed every check."""
+        why = []
+        if self.timed and self.runtime_ms is not None and floor_ms and self.runtime_ms < floor_ms:
+            why.append(f"faster than the roofline floor ({self.runtime_ms:.4g} ms < {floor_ms:.4g} ms)")
+        if self.speedup_eager is not None and self.speedup_eager > max_speedup:
+            why.append(f"{self.speedup_eager:.1f}x over eager")
+        return replace(self, details={**self.details, "suspect": "; ".join(why)}) if why else self
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

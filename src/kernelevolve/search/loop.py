@@ -105,6 +105,7 @@ class _Loop:
         return True
 
     def _record(self, node: dict[str, Any], result: Result, save: bool = True) -> None:
+        result = result.flag_suspect((self.profile or {}).get("floor_ms"))
         if save:
             self.store.save_result(node["id"], result)
             self.evaluated += 1
