@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import platform
 import re
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -209,12 +211,26 @@ def _eager_ms(run: Callable[[], Any], device: str, budget_ms: float = 200.0) -> 
     return _median_ms(run, device, reps=reps, warmup=1)
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """The profiler's native backend prints start/stop lines straight to fd 2; keep them off the user's terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _top_ops(run: Callable[[], Any], kind: str, iters: int = 3) -> list[dict[str, Any]]:
     """The dominant ops by self time per forward: CUDA kernels on cuda, ATen ops on cpu."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if kind == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with _quiet_stderr(), torch.profiler.profile(activities=activities) as prof:
         for _ in range(iters):
             run()
         if kind == "cuda":
