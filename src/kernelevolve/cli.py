@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -264,8 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kernelevolve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("kernelevolve: interrupted; resume with --resume latest", file=sys.stderr)
-        return 130
+        print("kernelevolve: interrupted; every finished evaluation is stored: resume with --resume latest",
+              file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(130)  # do not wait for in-flight evaluations; their processes end when their channel closes
 
 
 if __name__ == "__main__":

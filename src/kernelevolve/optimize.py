@@ -120,8 +120,11 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
                              make_proposers(list(cfg.proposers), cfg.device), make_selector(cfg.selector),
                              SearchConfig(cfg.max_evals, cfg.time_budget_s, cfg.target_speedup, cfg.stall), baseline,
                              profile, on_result)
-    finally:
-        pool.shutdown()
+    except KeyboardInterrupt:
+        store.update_run(run_id, status="interrupted", stop_reason="interrupted; resume with --resume")
+        pool.shutdown(wait=False)
+        raise
+    pool.shutdown()
     store.update_run(run_id, status="finished", finished=now(), stop_reason=outcome.stop_reason)
     best = outcome.best["result"].with_baseline(baseline) if outcome.best else None
     files = write_outputs(store, run_id, out_dir)
