@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +166,22 @@ def test_daemon_escaping_to_its_own_session_is_rejected_and_killed(untimed_evalu
     finally:
         if not gone(pid, wait_s=0):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_large_outputs_travel_through_a_blob_file(tmp_path, candidate):
+    """Outputs over a megabyte go through a file in a private blob folder, which is removed afterwards."""
+    from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig
+    from kernelevolve.problem import load_problem
+
+    problem = tmp_path / "problem_big.py"
+    source = (Path(__file__).resolve().parents[1] / "cheats" / "problem_scale.py").read_text()
+    problem.write_text(source.replace("DIM = 128", "DIM = 512").replace("randn(64, DIM)", "randn(1024, DIM)"))
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    before = {d for d in os.listdir(shm) if d.startswith("kernelevolve-")}
+    cfg = EvalConfig(device="cpu", timeout_s=60.0, timing=TimingConfig(budget_ms=20.0, warmup_ms=5.0, max_reps=30))
+    ev = Evaluator(load_problem(problem), cfg, tmp_path / "work")
+    r = ev.evaluate(candidate("genuine_torch"))
+    assert r.status is Status.OK, (r.reason, r.error)
+    wrong = ev.evaluate(candidate("wrong_output"))
+    assert wrong.status is Status.INCORRECT, wrong.reason
+    assert {d for d in os.listdir(shm) if d.startswith("kernelevolve-")} == before

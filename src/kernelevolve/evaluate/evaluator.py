@@ -21,6 +21,7 @@ from kernelevolve.evaluate.timing import TimingConfig, median
 from kernelevolve.problem import Problem, as_outputs, build_model, import_module_from_path, make_inputs
 
 log = logging.getLogger(__name__)
+Buffer = bytes | bytearray | memoryview
 
 # The parent's view of the measured loop may exceed what the child reports by this factor, plus the calibrated
 # per-repetition cost of the loop itself (a no-op over the same inputs), plus a fixed allowance, before the timings
@@ -162,7 +163,7 @@ class Evaluator:
         _raise_on_fail(header, "output")
         return header, blob, ref
 
-    def _compare(self, ref: tuple, header: dict[str, Any], blob: bytes) -> str | None:
+    def _compare(self, ref: tuple, header: dict[str, Any], blob: Buffer) -> str | None:
         return compare_outputs(ref, _load_tensors(header, blob), self.problem.allow_tf32, self.problem.atol,
                                self.problem.rtol)
 
@@ -180,7 +181,7 @@ class Evaluator:
         if self._compare(ref, header, blob) is None:
             raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
 
-    def _timed(self, child: Child, reply: str) -> tuple[dict[str, Any], bytes]:
+    def _timed(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
         """Receive one timed loop; add the parent's own clock reading of it as ``parent_wall_s``."""
         header, _ = child.recv()
         _raise_on_fail(header, "timing_begin")
@@ -200,7 +201,7 @@ class Evaluator:
         _raise_on_fail(kept, "kept")
         return calib, dict(res, tensors=kept.get("tensors", []), kept=kept.get("kept", [])), blob
 
-    def _check_timed_outputs(self, res: dict[str, Any], blob: bytes, seeds: list[int], gpu: int | None) -> None:
+    def _check_timed_outputs(self, res: dict[str, Any], blob: Buffer, seeds: list[int], gpu: int | None) -> None:
         """Outputs of randomly chosen timed repetitions must be right too: work skipped only while timed is caught."""
         outs = _load_tensors(res, blob)
         n_sets, at = max(1, int(res["input_sets"])), 0
@@ -278,7 +279,7 @@ class _PhaseClock:
         self.t = now
 
 
-def _request(child: Child, cmd: dict[str, Any], reply: str) -> tuple[dict[str, Any], bytes]:
+def _request(child: Child, cmd: dict[str, Any], reply: str) -> tuple[dict[str, Any], Buffer]:
     child.send(cmd)
     header, blob = child.recv()
     _raise_on_fail(header, reply)
@@ -305,7 +306,7 @@ def _raise_on_fail(header: dict[str, Any], reply: str) -> None:
         raise _Verdict(Status.REJECTED, f"protocol violation: expected {reply!r}, got {str(msg)[:40]!r}")
 
 
-def _load_tensors(header: dict[str, Any], blob: bytes) -> tuple[torch.Tensor, ...]:
+def _load_tensors(header: dict[str, Any], blob: Buffer) -> tuple[torch.Tensor, ...]:
     """Tensors from a child's raw bytes, rebuilt from the header's dtypes and shapes: nothing is unpickled, so a
     forged payload cannot run code in the parent."""
     out, offset = [], 0
@@ -316,11 +317,14 @@ def _load_tensors(header: dict[str, Any], blob: bytes) -> tuple[torch.Tensor, ..
                 raise ValueError(f"not a dtype: {spec['dtype']}")
             shape = [int(d) for d in spec["shape"]]
             size = math.prod(shape) * dtype.itemsize
-            chunk = blob[offset:offset + size]
+            chunk = memoryview(blob)[offset:offset + size]
             if len(chunk) != size:
                 raise ValueError("payload shorter than its header says")
             offset += size
-            flat = torch.frombuffer(bytearray(chunk), dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+            if not size:
+                flat = torch.empty(0, dtype=torch.uint8)
+            else:  # a writable buffer (a blob read from a file) is used in place; a pipe's bytes are copied once
+                flat = torch.frombuffer(bytearray(chunk) if chunk.readonly else chunk, dtype=torch.uint8)
             out.append(flat.view(dtype).reshape(shape))
     except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:
         raise _Verdict(Status.REJECTED, f"unreadable output payload: {e}") from e

@@ -7,7 +7,10 @@ import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from typing import Any, Iterator
@@ -71,12 +74,24 @@ def context() -> Any:
     return _CTX
 
 
+def _blob_dir() -> str | None:
+    """A private folder for large outputs, in memory (/dev/shm) where the system has it."""
+    for base in ("/dev/shm", None):
+        try:
+            return tempfile.mkdtemp(prefix="kernelevolve-", dir=base)
+        except OSError:
+            continue
+    return None
+
+
 class Child:
     """One evaluation process and its message channel, with a hard deadline for everything it does."""
 
     def __init__(self, job: dict[str, Any], timeout_s: float):
         from kernelevolve.evaluate.worker import child_main
 
+        self.blob_dir = _blob_dir()
+        job = dict(job, blob_dir=self.blob_dir)
         ctx = context()
         self.deadline = time.monotonic() + timeout_s
         self.conn, child_conn = ctx.Pipe(duplex=True)
@@ -91,7 +106,7 @@ class Child:
         except (OSError, ValueError) as e:
             raise ChildDied(self._exitcode()) from e
 
-    def recv(self) -> tuple[dict[str, Any], bytes]:
+    def recv(self) -> tuple[dict[str, Any], bytes | bytearray | memoryview]:
         """The next message: (JSON header, blob). Raises ChildTimeout past the deadline, ChildDied on EOF."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
@@ -104,15 +119,34 @@ class Child:
                 data = self.conn.recv_bytes()
             except (EOFError, OSError) as e:
                 raise ChildDied(self._exitcode()) from e
-            head, _, blob = data.partition(b"\n")
+            cut = data.index(b"\n") if b"\n" in data else len(data)
             try:
-                header = json.loads(head)
+                header = json.loads(data[:cut])
             except ValueError as e:
                 raise ChildDied(self._exitcode()) from e
             if not isinstance(header, dict):
                 raise ChildDied(self._exitcode())
+            if "blob_file" in header:
+                return header, self._read_blob(header)
+            blob = memoryview(data)[cut + 1:]
             return header, blob
         raise ChildDied(self._exitcode())
+
+    def _read_blob(self, header: dict[str, Any]) -> bytearray:
+        """A blob the child wrote to a file in this evaluation's blob folder: only a name of the expected form, inside
+        that folder, and exactly the size the header gives."""
+        name, size = str(header.pop("blob_file")), int(header.pop("blob_bytes", -1))
+        if not self.blob_dir or not re.fullmatch(r"\d+-\d+\.bin", name):
+            return bytearray()
+        path = os.path.join(self.blob_dir, name)
+        try:
+            with open(path, "rb") as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(data)
+            os.unlink(path)
+        except OSError:
+            return bytearray()
+        return data if len(data) == size else bytearray()
 
     def _exitcode(self) -> int | None:
         self.proc.join(timeout=2.0)
@@ -130,6 +164,8 @@ class Child:
         self.proc.join(timeout=5.0)
         with contextlib.suppress(Exception):
             self.conn.close()
+        if self.blob_dir:
+            shutil.rmtree(self.blob_dir, ignore_errors=True)
 
     def __enter__(self) -> "Child":
         return self

@@ -37,13 +37,26 @@ class Fail(Exception):
 
 
 class Channel:
-    """Length-framed messages: a JSON header line, then an optional binary blob."""
+    """Length-framed messages: a JSON header line, then an optional binary blob. A large blob goes through a file in
+    the parent's blob folder instead (one write here, one read there, instead of a pipe's many copies)."""
 
-    def __init__(self, conn: Any):
-        self.conn = conn
+    FILE_MIN_BYTES = 1 << 20
 
-    def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
-        self.conn.send_bytes(json.dumps(header).encode() + b"\n" + blob)
+    def __init__(self, conn: Any, blob_dir: str | None = None):
+        self.conn, self.blob_dir, self.seq = conn, blob_dir, 0
+
+    def send(self, header: dict[str, Any], blob: bytes | list[Any] = b"") -> None:
+        chunks = blob if isinstance(blob, list) else [blob]
+        size = sum(len(memoryview(c).cast("B")) for c in chunks)
+        if self.blob_dir and size >= self.FILE_MIN_BYTES:
+            self.seq += 1
+            name = f"{os.getpid()}-{self.seq}.bin"
+            with open(os.path.join(self.blob_dir, name), "wb") as f:
+                for c in chunks:
+                    f.write(c)
+            self.conn.send_bytes(json.dumps(dict(header, blob_file=name, blob_bytes=size)).encode() + b"\n")
+            return
+        self.conn.send_bytes(json.dumps(header).encode() + b"\n" + b"".join(bytes(c) for c in chunks))
 
     def recv(self) -> dict[str, Any]:
         return json.loads(self.conn.recv_bytes())
@@ -65,7 +78,7 @@ def child_main(conn: Any, job: dict[str, Any]) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(job["gpu"])
     if job["device"] == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-    chan = Channel(conn)
+    chan = Channel(conn, job.get("blob_dir"))
     try:
         Session(job, chan).serve()
     except Fail as f:
@@ -352,12 +365,12 @@ def _harness_only() -> Iterator[None]:
         yield
 
 
-def _encode(outs: list[Any]) -> tuple[list[dict[str, Any]], bytes]:
-    """Exact tensors as (dtype and shape per tensor, their elements as raw row-major bytes): the parent rebuilds them
-    from that alone, unpickling nothing. Anything else is left out, which the parent sees as a missing output."""
+def _encode(outs: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Exact tensors as (dtype and shape per tensor, their elements as raw row-major byte buffers): the parent rebuilds
+    them from that alone, unpickling nothing. Anything else is left out, which the parent sees as a missing output."""
     tensors = [o.detach() for o in outs if type(o) is torch.Tensor]
     meta = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors]
-    return meta, b"".join(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors)
+    return meta, [t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy() for t in tensors]
 
 
 def _is_triton_kernel(value: Any) -> bool:
