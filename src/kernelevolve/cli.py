@@ -73,11 +73,11 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
         outcome = optimize(args.problem, cfg, store, Path(args.out), resume=args.resume, on_result=on_result,
                            on_stage=on_stage)
-    _print_outcome(console, outcome, Path(args.out))
+    _print_outcome(console, outcome, args.db)
     return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
 
 
-def _print_outcome(console: Any, outcome: Any, out: Path) -> None:
+def _print_outcome(console: Any, outcome: Any, db: str) -> None:
     b, best = outcome.baseline, outcome.best_result
     console.print(f"run {outcome.run_id}: {outcome.search.evaluations} evaluation(s); stopped: "
                   f"{outcome.search.stop_reason}", markup=False)
@@ -92,7 +92,7 @@ def _print_outcome(console: Any, outcome: Any, out: Path) -> None:
                       markup=False)
     for name, path in outcome.files.items():
         console.print(f"{name}: {path}", markup=False)
-    console.print(f"resume or inspect with: kernelevolve show {outcome.run_id} --db <db>", markup=False, style="dim")
+    console.print(f"search tree: kernelevolve show {outcome.run_id} --db {db}", markup=False, style="dim")
 
 
 # --- check ----------------------------------------------------------------------------------------------------------

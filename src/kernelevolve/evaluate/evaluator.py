@@ -136,6 +136,7 @@ class Evaluator:
         self._check_trial(child, "recall", self.problem.n_shapes - 1, gpu,
                           "re-call with new values in the same input buffers")
         clock("trials")
+        details["first_call_s"] = outputs.get("first_call_s") if outputs else None  # timing may refine it
         launches = outputs["launches"] if outputs else 0
         if cand.language == "triton" or loaded["kernels"]:
             if launches == 0:
@@ -155,7 +156,7 @@ class Evaluator:
         return Result(Status.OK, reason, timing=timing_, timed=timing_ is not None, load_s=loaded["load_s"],
                       compile_s=details.get("first_call_s"), details=details)
 
-    def _output(self, child: Child, cmd: dict[str, Any], gpu: int | None) -> tuple[dict[str, Any], bytes, tuple]:
+    def _output(self, child: Child, cmd: dict[str, Any], gpu: int | None) -> tuple[dict[str, Any], Buffer, tuple]:
         """Send a command that produces outputs; compute the reference meanwhile, while the child works."""
         child.send(cmd)
         ref = self.reference(cmd["seed"], cmd["shape"], gpu)
@@ -191,7 +192,7 @@ class Evaluator:
         _raise_on_fail(header, reply)
         return header, blob
 
-    def _time_command(self, child: Child, cmd: dict[str, Any]) -> tuple[dict, dict, bytes]:
+    def _time_command(self, child: Child, cmd: dict[str, Any]) -> tuple[dict, dict, Buffer]:
         """The child times a no-op over the same inputs (the loop's own cost), then the model."""
         child.send(cmd)
         calib, _ = self._timed(child, "calibrated")
