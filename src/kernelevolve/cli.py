@@ -52,6 +52,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                          max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
                          stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
                          timing_budget_ms=args.timing_budget_ms)
+    from kernelevolve.propose import make_proposers
+
+    make_proposers(list(cfg.proposers), cfg.device)  # fail on a bad name before any work
     console = _console()
     store = Store(args.db)
     counts: dict[str, int] = {}
@@ -249,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from kernelevolve.problem import ProblemError
+    from kernelevolve.propose import ProposerError
     from kernelevolve.store import StoreError
 
     args = build_parser().parse_args(argv)
@@ -259,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
-    except (ProblemError, UsageError, StoreError) as e:
+    except (ProblemError, ProposerError, UsageError, StoreError) as e:
         if args.debug:
             traceback.print_exc()
         print(f"kernelevolve: error: {e}", file=sys.stderr)

@@ -99,8 +99,10 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
         store.update_run(run_id, status="running")
     else:
         problem = load_problem(problem_path, cfg.device)
+        make_proposers(list(cfg.proposers), cfg.device)  # a bad name fails before a run is recorded
         run_id = store.create_run(problem, cfg.device, device_key(cfg.device), cfg.to_dict(), versions())
         run = store.run(run_id)
+    proposers = make_proposers(list(cfg.proposers), cfg.device)
     evaluator = make_evaluator(problem, cfg, out_dir / ".work" / f"run{run_id}")
     profile = run.get("profile")
     if profile is None and cfg.profile:
@@ -117,7 +119,7 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
     on_stage("searching")
     try:
         outcome = run_search(store, run_id, problem, cfg.device, run["device_key"], pool,
-                             make_proposers(list(cfg.proposers), cfg.device), make_selector(cfg.selector),
+                             proposers, make_selector(cfg.selector),
                              SearchConfig(cfg.max_evals, cfg.time_budget_s, cfg.target_speedup, cfg.stall), baseline,
                              profile, on_result)
     except KeyboardInterrupt:

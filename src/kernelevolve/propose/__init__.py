@@ -9,6 +9,8 @@ def make_proposers(names: list[str], device: str) -> list[Proposer]:
     from kernelevolve.propose.inductor import InductorProposer
 
     registry = {"inductor": lambda: InductorProposer(device)}
+    if not names:
+        raise ProposerError(f"no proposer named; available: {', '.join(sorted(registry))}")
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ProposerError(f"unknown proposer(s) {', '.join(unknown)}; available: {', '.join(sorted(registry))}")

@@ -20,6 +20,10 @@ from kernelevolve.store import Store
 log = logging.getLogger(__name__)
 
 
+# Proposals in a row that repeat a source the run already holds, after which the proposers count as exhausted.
+MAX_REPEATS = 100
+
+
 @dataclass(frozen=True)
 class SearchConfig:
     max_evals: int = 20
@@ -55,6 +59,7 @@ class _Loop:
         best, _ = best_node(self.history)
         self.best_ms = best["result"].runtime_ms if best and best["result"].timed else math.inf
         self.since_best = 0
+        self.repeats = 0
         # Only a floor from datasheet ceilings is a hard limit; measured CPU ceilings are beaten by cache-resident ops.
         prof = profile or {}
         self.floor_ms = prof.get("floor_ms") if prof.get("ceilings_source") == "table" else None
@@ -96,7 +101,9 @@ class _Loop:
                 return False
         cand = self.queue.popleft()
         if any(n["sha"] == cand.sha for n in self.history):
-            return True  # this run already holds that source
+            self.repeats += 1  # this run already holds that source
+            return self.repeats < MAX_REPEATS
+        self.repeats = 0
         node_id, cached = self.store.add_node(self.run_id, self.problem.sha, self.device_key, cand)
         self.history = self.store.nodes(self.run_id)
         node = next(n for n in self.history if n["id"] == node_id)
