@@ -13,12 +13,18 @@ import hashlib
 import importlib.util
 import random
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
 
 import torch
+
+
+# Seeding and drawing use the process-wide generators: evaluation threads drawing for different seeds at once would
+# draw from each other's seeds. One draw (or model build) at a time.
+_RNG_LOCK = threading.RLock()
 
 
 class ProblemError(Exception):
@@ -87,7 +93,8 @@ def make_inputs(module: ModuleType, seed: int, shape_index: int = 0, device: str
     A ``get_inputs()`` that cannot run that way is drawn on the CPU and moved."""
     if device is not None and torch.device(device).type == "cuda":
         try:
-            with torch.device(device):
+            # under the lock too: torch.device() also sets a process-wide current device while it is entered
+            with _RNG_LOCK, torch.device(device):
                 return to_device(_draw(module, seed, shape_index), device)
         except Exception:  # the user's get_inputs(): it may need CPU tensors
             pass
@@ -96,15 +103,17 @@ def make_inputs(module: ModuleType, seed: int, shape_index: int = 0, device: str
 
 
 def _draw(module: ModuleType, seed: int, shape_index: int) -> list[Any]:
-    seed_everything(seed)
-    if shape_index == 0:
-        return list(module.get_inputs())
-    return list(module.get_extra_inputs()[shape_index - 1])
+    with _RNG_LOCK:
+        seed_everything(seed)
+        if shape_index == 0:
+            return list(module.get_inputs())
+        return list(module.get_extra_inputs()[shape_index - 1])
 
 
 def build_model(module: ModuleType, cls_name: str, init_seed: int) -> torch.nn.Module:
-    seed_everything(init_seed)
-    return getattr(module, cls_name)(*module.get_init_inputs())
+    with _RNG_LOCK:
+        seed_everything(init_seed)
+        return getattr(module, cls_name)(*module.get_init_inputs())
 
 
 def as_outputs(out: Any) -> tuple[Any, ...]:

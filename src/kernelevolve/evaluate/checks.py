@@ -61,7 +61,10 @@ def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: flo
     if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
         bad = int((ref != out).sum())
         return f"{bad} of {ref.numel()} elements differ (exact match required)" if bad else None
-    wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    if ref.dtype.is_complex:  # a cast to a real dtype would drop the imaginary parts unchecked
+        wide = torch.complex128 if ref.dtype == torch.complex128 else torch.complex64
+    else:
+        wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
     r, o = ref.to(wide), out.to(wide)
     nan_r, nan_o = torch.isnan(r), torch.isnan(o)
     if not torch.equal(nan_r, nan_o):
@@ -78,7 +81,7 @@ def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: flo
     idx = int(torch.argmax(torch.where(bad, err, torch.zeros_like(err))))
     r, o, err = r.flatten(), o.flatten(), err.flatten()
     return (f"{n_bad} of {ref.numel()} elements outside atol={atol:g} rtol={rtol:g}; "
-            f"max abs err {float(err[idx]):.3g} (out {float(o[idx]):.6g} vs ref {float(r[idx]):.6g})")
+            f"max abs err {float(err[idx]):.3g} (out {o[idx].item():.6g} vs ref {r[idx].item():.6g})")
 
 
 def scrub_environment(env: dict[str, str]) -> dict[str, str]:

@@ -7,6 +7,7 @@ import os
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ SYNC_ALLOWANCE_MS = {"cuda-events": 1.0, "perf_counter": 0.0}
 SIDE_STREAM_MS, SIDE_STREAM_FRAC = 0.1, 0.5
 # Timed repetitions whose outputs are checked, at positions the child learns only when timing starts.
 CHECKED_REPS = 2
+# What reading a header with missing or ill-typed fields raises.
+_MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError)
 
 
 def fresh_seed() -> int:
@@ -85,7 +88,9 @@ class Evaluator:
             model = self._models[dev]
         inputs = make_inputs(self.module, seed, shape, dev)
         with torch.no_grad():
+            # Both flags, as in the child: cuDNN convolutions default to TF32 (allow_tf32=True) otherwise.
             torch.backends.cuda.matmul.allow_tf32 = self.problem.allow_tf32
+            torch.backends.cudnn.allow_tf32 = self.problem.allow_tf32
             outs = as_outputs(model(*inputs))
         if self.problem.mutates_inputs:  # the mutated inputs are part of the result
             outs = outs + tuple(v for v in inputs if isinstance(v, torch.Tensor))
@@ -119,6 +124,9 @@ class Evaluator:
                             details=details)
         except ChildDied as e:
             result = Result(Status.CRASHED, f"candidate process {e}", details=details)
+        except _MALFORMED as e:  # the candidate can write to its own end of the channel
+            result = Result(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__}: {e})"[:300],
+                            error=traceback.format_exc(), details=details)
         return replace(result, wall_s=time.perf_counter() - t0, log=_tail(Path(job["log"])))
 
     def _drive(self, child: Child, cand: Candidate, gpu: int | None, details: dict[str, Any]) -> Result:
@@ -263,7 +271,7 @@ class Evaluator:
                 if key == "compiled":
                     compile_s = res.get("first_call_s")
             except (_Verdict, ChildTimeout, ChildDied) as e:
-                error += f"{key}: {e or type(e).__name__}; "
+                error += f"{key}: {str(e) or type(e).__name__}; "
                 log.warning("baseline %s failed: %s", key, e)
         return Baseline(self.config.device, timings["eager"], timings["compiled"], compile_s, error.strip())
 
@@ -302,6 +310,8 @@ def _raise_on_fail(header: dict[str, Any], reply: str) -> None:
             status = Status(header.get("status"))
         except ValueError:
             status = Status.RUNTIME_ERROR
+        if status is Status.OK:  # only the parent's own checks make a candidate ok
+            raise _Verdict(Status.REJECTED, "protocol violation: a failure reported with status 'ok'")
         raise _Verdict(status, str(header.get("reason", ""))[:500], str(header.get("error", ""))[-8000:])
     if msg != reply:
         raise _Verdict(Status.REJECTED, f"protocol violation: expected {reply!r}, got {str(msg)[:40]!r}")

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import time
@@ -19,6 +20,7 @@ from kernelevolve.evaluate import checks
 
 _LOCK = threading.Lock()
 _CTX: Any = None
+WATCHDOG_GRACE_S = 1.0  # past the deadline, for the one wait that the deadline cannot bound: a frame half sent
 
 
 class ChildTimeout(Exception):
@@ -55,21 +57,47 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
+def _server_environment() -> dict[str, str]:
+    env = checks.scrub_environment(dict(os.environ))
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    return env
+
+
+def _server_alive() -> bool:
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: trust multiprocessing's own check
+
+
+def _ensure_server() -> None:
+    """(Re)start the fork server with secrets removed from its environment, so that no child can read them even from
+    /proc/self/environ. A candidate can kill the server; multiprocessing would then restart it with the parent's full
+    environment, so it is restarted here first. The environment is swapped only then, under the lock (changing it
+    while other threads read it is unsafe), which is rare."""
+    if _server_alive():
+        return
+    from multiprocessing import forkserver
+
+    with _environment(_server_environment()):
+        forkserver.ensure_running()
+
+
 def context() -> Any:
-    """The fork-server context. The server is started once with secrets removed from its environment, so that no
-    child can read them even from /proc/self/environ, and with torch (and triton) already imported."""
+    """The fork-server context, with torch (and triton) already imported in the server."""
     global _CTX
     with _LOCK:
         if _CTX is None:
             ctx = mp.get_context("forkserver")
             preload = ["torch"] + (["triton"] if importlib.util.find_spec("triton") else [])
             ctx.set_forkserver_preload(preload + ["kernelevolve.evaluate.worker"])
-            env = checks.scrub_environment(dict(os.environ))
-            env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-            with _environment(env):
-                from multiprocessing import forkserver
-
-                forkserver.ensure_running()
+            _ensure_server()
             _CTX = ctx
     return _CTX
 
@@ -91,25 +119,49 @@ class Child:
         from kernelevolve.evaluate.worker import child_main
 
         self.blob_dir = _blob_dir()
-        job = dict(job, blob_dir=self.blob_dir)
-        ctx = context()
-        self.deadline = time.monotonic() + timeout_s
-        self.conn, child_conn = ctx.Pipe(duplex=True)
-        with _LOCK:  # the fork server's environment is fixed; starting is cheap
-            self.proc = ctx.Process(target=child_main, args=(child_conn, job), daemon=True)
-            self.proc.start()
-        child_conn.close()
+        self.expired = False
+        self._early: tuple[dict[str, Any], Any] | None = None
+        try:
+            job = dict(job, blob_dir=self.blob_dir)
+            ctx = context()
+            self.deadline = time.monotonic() + timeout_s
+            self.conn, child_conn = ctx.Pipe(duplex=True)
+            try:
+                with _LOCK:
+                    _ensure_server()
+                    self.proc = ctx.Process(target=child_main, args=(child_conn, job), daemon=True)
+                    self.proc.start()
+            finally:
+                child_conn.close()
+        except BaseException:
+            if hasattr(self, "conn"):
+                self.conn.close()
+            if self.blob_dir:
+                shutil.rmtree(self.blob_dir, ignore_errors=True)
+            raise
+        # recv_bytes() blocks once a frame has begun: a child that writes a frame's length and no more (the candidate
+        # can reach its channel) would hold the parent past the deadline. Killing it ends the read with EOF.
+        self._watchdog = threading.Timer(max(timeout_s, 0.0) + WATCHDOG_GRACE_S, self._expire)
+        self._watchdog.daemon = True
+        self._watchdog.start()
 
     def send(self, cmd: dict[str, Any]) -> None:
         try:
             self.conn.send_bytes(json.dumps(cmd).encode())
         except (OSError, ValueError) as e:
-            raise ChildDied(self._exitcode()) from e
+            if self._early is not None:
+                raise ChildDied(self._exitcode()) from e
+            # The child may have answered before it exited (a failure found after its last reply, such as tampering
+            # during timing): keep that answer for recv. With nothing left to read, recv raises ChildDied.
+            self._early = self.recv()
 
     def recv(self) -> tuple[dict[str, Any], bytes | bytearray | memoryview]:
         """The next message: (JSON header, blob). Raises ChildTimeout past the deadline, ChildDied on EOF."""
+        if self._early is not None:
+            early, self._early = self._early, None
+            return early
         remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or self.expired:
             raise ChildTimeout()
         ready = mp.connection.wait([self.conn, self.proc.sentinel], timeout=remaining)
         if not ready:
@@ -118,11 +170,13 @@ class Child:
             try:
                 data = self.conn.recv_bytes()
             except (EOFError, OSError) as e:
+                if self.expired:
+                    raise ChildTimeout() from e
                 raise ChildDied(self._exitcode()) from e
             cut = data.index(b"\n") if b"\n" in data else len(data)
             try:
                 header = json.loads(data[:cut])
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise ChildDied(self._exitcode()) from e
             if not isinstance(header, dict):
                 raise ChildDied(self._exitcode())
@@ -130,6 +184,8 @@ class Child:
                 return header, self._read_blob(header)
             blob = memoryview(data)[cut + 1:]
             return header, blob
+        if self.expired:
+            raise ChildTimeout()
         raise ChildDied(self._exitcode())
 
     def _read_blob(self, header: dict[str, Any]) -> bytearray:
@@ -140,8 +196,12 @@ class Child:
             return bytearray()
         path = os.path.join(self.blob_dir, name)
         try:
-            with open(path, "rb") as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)
+            # The child can write into the folder: never follow its links, nor block opening its FIFOs.
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    return bytearray()
+                data = bytearray(st.st_size)
                 f.readinto(data)
             os.unlink(path)
         except OSError:
@@ -152,8 +212,11 @@ class Child:
         self.proc.join(timeout=2.0)
         return self.proc.exitcode
 
-    def kill(self) -> None:
-        """Kill the child's whole process group (it called setsid), then the child itself."""
+    def _expire(self) -> None:
+        self.expired = True
+        self._kill_processes()
+
+    def _kill_processes(self) -> None:
         pid = self.proc.pid
         if pid is not None:
             checks.kill_children(pid)  # daemons in their own session, adopted by the child (a subreaper)
@@ -161,6 +224,11 @@ class Child:
                 os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             self.proc.kill()
+
+    def kill(self) -> None:
+        """Kill the child's whole process group (it called setsid), then the child itself."""
+        self._watchdog.cancel()
+        self._kill_processes()
         self.proc.join(timeout=5.0)
         with contextlib.suppress(Exception):
             self.conn.close()

@@ -83,8 +83,8 @@ class Result:
         return self.timing.median_ms if self.timing else None
 
     def with_baseline(self, baseline: Baseline | None) -> "Result":
-        if baseline is None or not self.timed or self.timing is None:
-            return self
+        if baseline is None or not self.timed or self.timing is None or self.timing.median_ms <= 0:
+            return self  # a median of 0 ms (CUDA events 0.5 us apart or less) gives no finite speedup
         eager = baseline.eager.median_ms / self.timing.median_ms if baseline.eager else None
         comp = baseline.compiled.median_ms / self.timing.median_ms if baseline.compiled else None
         return replace(self, speedup_eager=eager, speedup_compile=comp)

@@ -51,11 +51,17 @@ class Channel:
         if self.blob_dir and size >= self.FILE_MIN_BYTES:
             self.seq += 1
             name = f"{os.getpid()}-{self.seq}.bin"
-            with open(os.path.join(self.blob_dir, name), "wb") as f:
-                for c in chunks:
-                    f.write(c)
-            self.conn.send_bytes(json.dumps(dict(header, blob_file=name, blob_bytes=size)).encode() + b"\n")
-            return
+            path = os.path.join(self.blob_dir, name)
+            try:
+                with open(path, "wb") as f:
+                    for c in chunks:
+                        f.write(c)
+            except OSError:  # a full /dev/shm (64 MB in a default Docker container): the pipe still works
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            else:
+                self.conn.send_bytes(json.dumps(dict(header, blob_file=name, blob_bytes=size)).encode() + b"\n")
+                return
         self.conn.send_bytes(json.dumps(header).encode() + b"\n" + b"".join(bytes(c) for c in chunks))
 
     def recv(self) -> dict[str, Any]:
@@ -75,7 +81,7 @@ def child_main(conn: Any, job: dict[str, Any]) -> None:
     os.environ.update(clean)
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # no compile worker pool outliving a call
     if job.get("gpu") is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(job["gpu"])
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_device(job["gpu"], os.environ.get("CUDA_VISIBLE_DEVICES"))
     if job["device"] == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     chan = Channel(conn, job.get("blob_dir"))
@@ -91,6 +97,13 @@ def child_main(conn: Any, job: dict[str, Any]) -> None:
         sys.stderr.flush()
         checks.kill_children()
         os._exit(0)  # skip atexit handlers a candidate may have registered
+
+
+def visible_device(gpu: int, inherited: str | None) -> str:
+    """The CUDA_VISIBLE_DEVICES entry for the parent's device index ``gpu``: the parent counts its devices within the
+    CUDA_VISIBLE_DEVICES it was started with (here inherited), not among all of the machine's."""
+    visible = [d.strip() for d in inherited.split(",")] if inherited else []
+    return visible[gpu] if 0 <= gpu < len(visible) else str(gpu)
 
 
 def _send_quietly(chan: Channel, header: dict[str, Any]) -> None:
@@ -370,7 +383,9 @@ def _encode(outs: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
     them from that alone, unpickling nothing. Anything else is left out, which the parent sees as a missing output."""
     tensors = [o.detach() for o in outs if type(o) is torch.Tensor]
     meta = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors]
-    return meta, [t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy() for t in tensors]
+    # resolve_conj/resolve_neg: a lazily conjugated or negated view cannot be reinterpreted as bytes
+    return meta, [t.resolve_conj().resolve_neg().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+                  for t in tensors]
 
 
 def _is_triton_kernel(value: Any) -> bool:
