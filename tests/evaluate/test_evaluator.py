@@ -184,4 +184,4 @@ def test_large_outputs_travel_through_a_blob_file(tmp_path, candidate):
     assert r.status is Status.OK, (r.reason, r.error)
     wrong = ev.evaluate(candidate("wrong_output"))
     assert wrong.status is Status.INCORRECT, wrong.reason
-    assert {d for d in os.listdir(shm) if d.startswith("kernelevolve-")} == before
+    assert {d for d in os.listdir(shm) if d.startswith("kernelevolve-")} <= before

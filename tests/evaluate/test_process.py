@@ -55,3 +55,19 @@ def test_evaluator_survives_failures(untimed_evaluator, candidate):
 def test_child_environment_holds_no_secret(secret_probe_results):
     status, reason = secret_probe_results["secrets_probe.py"]
     assert status == Status.OK.value, reason
+
+
+def test_sweep_removes_blob_folders_of_dead_controllers(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from kernelevolve.evaluate import process
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    dead = tmp_path / f"{process.BLOB_PREFIX}{2**22 + 12345}-abc"
+    mine = tmp_path / f"{process.BLOB_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "unrelated"
+    for d in (dead, mine, other):
+        d.mkdir()
+    process.sweep_stale_blob_dirs()
+    assert not dead.exists() and mine.exists() and other.exists()

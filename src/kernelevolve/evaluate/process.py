@@ -97,19 +97,47 @@ def context() -> Any:
             ctx = mp.get_context("forkserver")
             preload = ["torch"] + (["triton"] if importlib.util.find_spec("triton") else [])
             ctx.set_forkserver_preload(preload + ["kernelevolve.evaluate.worker"])
+            sweep_stale_blob_dirs()
             _ensure_server()
             _CTX = ctx
     return _CTX
 
 
+BLOB_PREFIX = "kernelevolve-blobs-"
+
+
 def _blob_dir() -> str | None:
-    """A private folder for large outputs, in memory (/dev/shm) where the system has it."""
+    """A private folder for large outputs, in memory (/dev/shm) where the system has it. Its name carries this
+    process's pid, so that folders left by a controller killed with -9 can be swept later."""
     for base in ("/dev/shm", None):
         try:
-            return tempfile.mkdtemp(prefix="kernelevolve-", dir=base)
+            return tempfile.mkdtemp(prefix=f"{BLOB_PREFIX}{os.getpid()}-", dir=base)
         except OSError:
             continue
     return None
+
+
+def sweep_stale_blob_dirs() -> None:
+    """Remove blob folders whose controller is no longer running."""
+    for base in ("/dev/shm", tempfile.gettempdir()):
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            m = re.fullmatch(re.escape(BLOB_PREFIX) + r"(\d+)-\w+", name)
+            if m and not _pid_alive(int(m.group(1))):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Child:
