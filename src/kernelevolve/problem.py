@@ -139,9 +139,9 @@ def _call(path: Path, what: str, fn, *args):
         raise ProblemError(path, f"{what} raised {type(e).__name__}: {_first_line(e)}") from e
 
 
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    # NaN != NaN, so torch.equal alone would call an untouched input with a NaN "mutated" (and switch off the
-    # evaluator's input-mutation check). Same rule as the worker's _same.
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise-equal values, with NaN equal to NaN (torch.equal alone calls an untouched input holding a NaN
+    "mutated")."""
     if not (a.is_floating_point() or a.is_complex()):
         return torch.equal(a, b)
     return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
@@ -195,7 +195,7 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
         if k == 0:
             dtypes = tuple(str(o.dtype).removeprefix("torch.") for o in outs)
         mutates = mutates or any(
-            isinstance(b, torch.Tensor) and not _same_values(b, v) for b, v in zip(before, inputs)
+            isinstance(b, torch.Tensor) and not same_values(b, v) for b, v in zip(before, inputs)
         )
     return Problem(
         path=str(path.resolve()),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -18,7 +19,7 @@ from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.checks import compare_outputs
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
-from kernelevolve.evaluate.timing import TimingConfig, median
+from kernelevolve.evaluate.timing import TimingConfig
 from kernelevolve.problem import Problem, as_outputs, build_model, import_module_from_path, make_inputs
 
 log = logging.getLogger(__name__)
@@ -246,9 +247,9 @@ class Evaluator:
         self._check_timed_outputs(res, blob, seeds, gpu)
         chosen = samples
         if res["method"] == "cuda-events":
-            gap, calib_gap = median([d - s for s, d in zip(samples, device_ms)]), median(
+            gap, calib_gap = statistics.median([d - s for s, d in zip(samples, device_ms)]), statistics.median(
                 [d - s for s, d in zip(calib["samples_ms"], calib["device_ms"])])
-            if gap > calib_gap + max(SIDE_STREAM_MS, SIDE_STREAM_FRAC * median(samples)):
+            if gap > calib_gap + max(SIDE_STREAM_MS, SIDE_STREAM_FRAC * statistics.median(samples)):
                 details["side_stream"] = f"work outlived the calling stream by {gap:.3f} ms; timed to device idle"
                 chosen = device_ms
         return Timing.from_samples(chosen, res["method"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import json
+import statistics
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -32,10 +33,8 @@ class Timing:
 
     @classmethod
     def from_samples(cls, samples_ms: list[float], method: str) -> "Timing":
-        s = sorted(samples_ms)
-        n = len(s)
-        median = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-        return cls(median_ms=median, min_ms=s[0], max_ms=s[-1], reps=n, method=method)
+        return cls(median_ms=statistics.median(samples_ms), min_ms=min(samples_ms), max_ms=max(samples_ms),
+                   reps=len(samples_ms), method=method)
 
 
 @dataclass(frozen=True)

@@ -146,9 +146,3 @@ def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm
             kept[i] = _kept(out)
     wall = _perf() - t0
     return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept)
-
-
-def median(values: Sequence[float]) -> float:
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])

@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from kernelevolve.evaluate import checks, timing
-from kernelevolve.problem import as_outputs, import_module_from_path, make_inputs, seed_everything
+from kernelevolve.problem import as_outputs, import_module_from_path, make_inputs, same_values, seed_everything
 
 _no_function_modes = torch._C.DisableTorchFunction
 _no_dispatch_modes = _disable_current_modes
@@ -301,7 +301,7 @@ class Session:
         with _harness_only():
             if not self.job.get("mutates_inputs"):
                 for i, (b, v) in enumerate(zip(before, inputs)):
-                    if b is not None and not _same(b, v):
+                    if b is not None and not same_values(b, v):
                         raise Fail("rejected", f"forward modified input {i} (the reference does not)")
         return self._with_inputs(as_outputs(out), inputs)
 
@@ -395,9 +395,3 @@ def _is_triton_kernel(value: Any) -> bool:
         return False
     return isinstance(value, KernelInterface)
 
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise-equal values, with NaN equal to NaN."""
-    if not (a.is_floating_point() or a.is_complex()):
-        return torch.equal(a, b)
-    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
