@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("optimize", help="search for a faster verified kernel")
     o.add_argument("problem")
     o.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
-    o.add_argument("--proposer", default="inductor", help="comma-separated proposer names (default: inductor)")
+    o.add_argument("--proposer", default="template,inductor",
+                   help="comma-separated proposer names: template, inductor (default: template,inductor)")
     o.add_argument("--max-evals", type=int, default=20)
     o.add_argument("--time-budget", type=float, help="seconds of search")
     o.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class OptimizeConfig:
     device: str = "cpu"
-    proposers: tuple[str, ...] = ("inductor",)
+    proposers: tuple[str, ...] = ("template", "inductor")
     selector: str = "greedy"
     max_evals: int = 20
     time_budget_s: float | None = None

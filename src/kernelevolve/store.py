@@ -142,6 +142,16 @@ class Store:
             out.append(d)
         return out
 
+    def experience(self, device_key: str, proposer: str, exclude_run: int | None = None,
+                   limit: int = 50) -> list[dict[str, Any]]:
+        """Metas of the fastest verified node of each earlier run on this device model, fastest runs first."""
+        rows = self.db.execute(
+            "SELECT n.run_id, n.meta, MIN(r.runtime_ms) AS ms FROM nodes n "
+            "JOIN results r ON r.candidate_id = n.candidate_id JOIN runs u ON u.id = n.run_id "
+            "WHERE u.device_key = ? AND n.proposer = ? AND r.status = 'ok' AND r.timed = 1 AND n.run_id != ? "
+            "GROUP BY n.run_id ORDER BY ms LIMIT ?", (device_key, proposer, exclude_run or -1, limit)).fetchall()
+        return [json.loads(row["meta"]) for row in rows]
+
     def count_evaluated(self, run_id: int) -> int:
         return self.db.execute(
             "SELECT COUNT(*) FROM nodes n JOIN results r ON r.candidate_id = n.candidate_id "

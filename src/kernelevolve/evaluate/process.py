@@ -89,13 +89,22 @@ def _ensure_server() -> None:
         forkserver.ensure_running()
 
 
+def _preload_triton() -> bool:
+    """Triton decides at import whether it interprets; CPU children set TRITON_INTERPRET themselves, so the server
+    imports triton ahead only where candidates will compile it for a GPU."""
+    import torch
+
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return importlib.util.find_spec("triton") is not None and (interpreted or torch.cuda.is_available())
+
+
 def context() -> Any:
     """The fork-server context, with torch (and triton) already imported in the server."""
     global _CTX
     with _LOCK:
         if _CTX is None:
             ctx = mp.get_context("forkserver")
-            preload = ["torch"] + (["triton"] if importlib.util.find_spec("triton") else [])
+            preload = ["torch"] + (["triton"] if _preload_triton() else [])
             ctx.set_forkserver_preload(preload + ["kernelevolve.evaluate.worker"])
             sweep_stale_blob_dirs()
             _ensure_server()

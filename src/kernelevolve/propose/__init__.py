@@ -5,10 +5,11 @@ from kernelevolve.propose.base import ProposalContext, Proposer, ProposerError
 
 
 def make_proposers(names: list[str], device: str) -> list[Proposer]:
-    """Instantiate proposers by name (``inductor``; more arrive as they are built)."""
+    """Instantiate proposers by name (``inductor``, ``template``)."""
     from kernelevolve.propose.inductor import InductorProposer
+    from kernelevolve.propose.template import TemplateProposer
 
-    registry = {"inductor": lambda: InductorProposer(device)}
+    registry = {"inductor": lambda: InductorProposer(device), "template": lambda: TemplateProposer(device)}
     if not names:
         raise ProposerError(f"no proposer named; available: {', '.join(sorted(registry))}")
     unknown = [n for n in names if n not in registry]

@@ -19,6 +19,7 @@ class ProposalContext:
     profile: dict[str, Any] | None
     history: list[dict[str, Any]]  # the run's nodes so far (Store.nodes format), oldest first
     parents: list[dict[str, Any]] = field(default_factory=list)  # nodes the selector chose to expand
+    experience: list[dict[str, Any]] = field(default_factory=list)  # metas of earlier runs' winners, this device
 
 
 class Proposer(Protocol):

@@ -51,6 +51,7 @@ class _Loop:
         self.pool, self.proposers, self.selector, self.cfg = pool, proposers, selector, cfg
         self.baseline, self.profile, self.on_result = baseline, profile, on_result
         self.history = store.nodes(run_id)
+        self.experience = {p.name: store.experience(device_key, p.name, exclude_run=run_id) for p in proposers}
         self.evaluated = store.count_evaluated(run_id)
         self.queue: deque[Candidate] = deque()
         self.in_flight: dict[Future[Result], dict[str, Any]] = {}
@@ -88,7 +89,8 @@ class _Loop:
         per = max(1, math.ceil(self.pool.workers / len(self.proposers)))
         got = 0
         for proposer in self.proposers:
-            ctx = ProposalContext(self.problem, self.device, self.profile, self.history, parents)
+            ctx = ProposalContext(self.problem, self.device, self.profile, self.history, parents,
+                                  self.experience.get(proposer.name, []))
             cands = proposer.propose(ctx, per)
             got += len(cands)
             self.queue.extend(cands)

@@ -1,0 +1,246 @@
+"""Capture a problem's reference as an ATen graph, in a normal form that templates match against.
+
+The graph is traced with ``make_fx`` through ``functional_call``: the module's parameters and buffers become the first
+placeholders (in ``named_parameters`` then ``named_buffers`` order), the forward inputs the rest. Decompositions bring
+the many spellings of one computation to one form: layer norm, softmax and log-softmax become reductions and
+pointwise ops, ``mean``/``var`` become ``sum`` and arithmetic. Matching then works on the graph, not on the source.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.fx as fx
+
+from kernelevolve.problem import Problem, build_model, import_module_from_path, make_inputs
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+
+class CaptureError(Exception):
+    pass
+
+
+@dataclass
+class CapturedGraph:
+    gm: fx.GraphModule
+    state_names: list[str]  # state_dict names of the first len(state_names) placeholders
+    n_inputs: int
+    input_meta: list[Any]  # (shape, dtype) per forward input, or the constant for a non-tensor input
+    device: str
+    mode: str  # "fake" or "real": how it was traced
+    example: list[Any] = field(default_factory=list, repr=False)  # the traced arguments: [state tensors, *inputs]
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.gm.graph
+
+    def placeholders(self) -> list[fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "placeholder"]
+
+    def calls(self) -> list[fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "call_function"]
+
+    def outputs(self) -> list[Any]:
+        out = next(n for n in self.graph.nodes if n.op == "output")
+        return list(torch.utils._pytree.tree_leaves(out.args[0]))
+
+    def ops(self) -> list[str]:
+        return [op_name(n) for n in self.calls()]
+
+
+def op_name(node: fx.Node) -> str:
+    """``aten.add.Tensor`` -> ``add``; ``operator.getitem`` -> ``getitem``."""
+    t = node.target
+    if t is operator.getitem:
+        return "getitem"
+    if isinstance(t, torch._ops.OpOverload):
+        return t._schema.name.split("::")[-1]
+    return getattr(t, "__name__", str(t))
+
+
+def meta(node: Any) -> Any:
+    """The traced value of a node: a (fake) tensor, a tuple of them, or a constant."""
+    return node.meta.get("val") if isinstance(node, fx.Node) else node
+
+
+def shape(node: Any) -> tuple[int, ...]:
+    v = meta(node)
+    return tuple(int(s) for s in v.shape) if isinstance(v, torch.Tensor) else ()
+
+
+def dtype(node: Any) -> torch.dtype | None:
+    v = meta(node)
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
+def users(node: fx.Node) -> list[fx.Node]:
+    return list(node.users)
+
+
+def tensor_args(node: fx.Node) -> list[fx.Node]:
+    """Input nodes of ``node`` in argument order, each once."""
+    seen: list[fx.Node] = []
+    for a in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+        if isinstance(a, fx.Node) and a not in seen:
+            seen.append(a)
+    return seen
+
+
+# ---- decompositions into the normal form -----------------------------------------------------------------------
+
+
+def _dims(x: torch.Tensor, dim: Any) -> list[int]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(x.dim()))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return [d % max(x.dim(), 1) for d in dims]
+
+
+def _count(x: torch.Tensor, dims: list[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    return n
+
+
+def _mean(x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    dims = _dims(x, dim)
+    if dtype is not None:
+        x = x.to(dtype)
+    acc = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+    out = torch.sum(acc, dims, keepdim=keepdim) / _count(x, dims)
+    return out.to(x.dtype)
+
+
+def _var_mean(x: torch.Tensor, dim: Any = None, *, correction: float | None = None,
+              keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    dims = _dims(x, dim)
+    n = _count(x, dims)
+    c = 1 if correction is None else correction
+    acc = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+    m = torch.sum(acc, dims, keepdim=True) / n
+    d = acc - m
+    var = torch.sum(d * d, dims, keepdim=keepdim) / max(n - c, 0)
+    if not keepdim:
+        m = m.squeeze(dims) if len(dims) else m
+    return var.to(x.dtype), m.to(x.dtype)
+
+
+def _var(x: torch.Tensor, dim: Any = None, *, correction: float | None = None, keepdim: bool = False) -> torch.Tensor:
+    return _var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
+
+
+def _decompositions() -> dict[Any, Callable]:
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.softmax.int,
+                                     aten.log_softmax.int, aten.layer_norm, aten.rms_norm, aten.linalg_vector_norm,
+                                     aten.logsumexp, aten.silu, aten.hardswish, aten.mish, aten.addcmul,
+                                     aten.native_group_norm]))
+    for op in (aten.mean.dim, aten.mean.default):
+        table[op] = _mean
+    table[aten.var_mean.correction] = _var_mean
+    table[aten.var.correction] = _var
+    # keep these whole: templates know them, decomposing them loses the structure
+    for op in (aten.gelu.default, aten._embedding_bag.default, aten.embedding.default, aten.embedding_bag.default):
+        table.pop(op, None)
+    return table
+
+
+# ---- capture ---------------------------------------------------------------------------------------------------
+
+
+def _trace(model: torch.nn.Module, inputs: list[Any], mode: str) -> tuple[fx.GraphModule, list[str]]:
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.func import functional_call
+
+    state = dict(model.named_parameters())
+    state.update(dict(model.named_buffers()))
+    names = list(state)
+
+    def f(tensors: list[torch.Tensor], *args: Any) -> Any:
+        return functional_call(model, dict(zip(names, tensors)), args)
+
+    values = [state[n].detach() for n in names]
+    with torch.no_grad():
+        gm = make_fx(f, decomposition_table=_decompositions(), tracing_mode=mode)(values, *inputs)
+    return gm, names
+
+
+def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0) -> CapturedGraph:
+    """Trace ``problem``'s Model on the CPU (fake tensors first, real ones if the graph depends on data)."""
+    module = import_module_from_path(problem.path, f"_kernelevolve_capture_{problem.short_sha}")
+    model = build_model(module, "Model", init_seed).eval()
+    inputs = make_inputs(module, seed=init_seed + 1, shape_index=shape_index)
+    errors: list[str] = []
+    for mode in ("fake", "real"):
+        try:
+            gm, names = _trace(model, inputs, mode)
+        except Exception as e:  # any tracing failure: try the next mode, report all of them
+            errors.append(f"{mode}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        _drop_dead(gm)
+        input_meta = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in inputs]
+        state = [dict(model.named_parameters(), **dict(model.named_buffers()))[n].detach() for n in names]
+        return CapturedGraph(gm, names, len(inputs), input_meta, "cpu", mode, [state, *inputs])
+    raise CaptureError("; ".join(errors))
+
+
+def _drop_dead(gm: fx.GraphModule) -> None:
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def topo_index(graph: fx.Graph) -> dict[fx.Node, int]:
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def region_io(nodes: Iterable[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
+    """External inputs (first-use order) and outputs (values used outside the set, or graph outputs) of a node set."""
+    nodes = list(nodes)
+    inside = set(nodes)
+    inputs: list[fx.Node] = []
+    outputs: list[fx.Node] = []
+    for n in nodes:
+        for a in tensor_args(n):
+            if a not in inside and a not in inputs:
+                inputs.append(a)
+        if any(u not in inside for u in n.users):
+            outputs.append(n)
+    return inputs, outputs
+
+
+def is_convex(nodes: Iterable[fx.Node]) -> bool:
+    """No path leaves the set and comes back: the set can run as one kernel call."""
+    inside = set(nodes)
+    frontier = [u for n in inside for u in n.users if u not in inside]
+    seen: set[fx.Node] = set()
+    while frontier:
+        n = frontier.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in inside:
+            return False
+        frontier.extend(n.users)
+    return True
+
+
+def node_values(graph: CapturedGraph, args: list[Any] | None = None) -> dict[fx.Node, Any]:
+    """Every node's value on concrete arguments (``graph.example`` by default): what a match must reproduce."""
+    values: dict[fx.Node, Any] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            values[n] = out = super().run_node(n)
+            return out
+
+    with torch.no_grad():
+        Recorder(graph.gm).run(*(args if args is not None else graph.example))
+    return values

@@ -1,0 +1,258 @@
+"""The ``template`` proposer: graph analysis, the Triton template library, and an evolutionary search over configs.
+
+The reference is captured as an ATen graph once per problem. Template families claim regions of it, most specific
+first (attention before matmul before reductions before plain pointwise). A genome assigns every region a
+configuration from its family's space (and, where the library has a strong vendor kernel to lose to, whether to use
+the template at all). Each genome renders to one self-contained candidate file. The population is the run's own
+history: the fastest verified genomes are mutated one knob at a time and crossed region by region; the first genomes
+come from each family's defaults, a prior from the profile's bound class, and what won before on this device.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.propose.base import ProposalContext
+
+log = logging.getLogger(__name__)
+
+# (module, class) in the order families claim regions: the bigger pattern wins.
+FAMILIES: list[tuple[str, str]] = [
+    ("kernelevolve.templates.attention", "AttentionTemplate"),
+    ("kernelevolve.templates.interaction", "InteractionTemplate"),
+    ("kernelevolve.templates.segment", "SegmentTemplate"),
+    ("kernelevolve.templates.matmul", "DualGemmTemplate"),
+    ("kernelevolve.templates.matmul", "BatchedSmallTemplate"),
+    ("kernelevolve.templates.matmul", "CrossTemplate"),
+    ("kernelevolve.templates.matmul", "MatmulTemplate"),
+    ("kernelevolve.templates.rowreduce", "RowReduceTemplate"),
+    ("kernelevolve.templates.pointwise", "PointwiseTemplate"),
+]
+# Families whose region can also run as the plain ATen op (cuBLAS); the search decides per region.
+OPTIONAL = {"matmul", "batched_matmul", "dual_gemm", "cross"}
+USE = "_use"
+PARENTS = 4  # fastest genomes the search breeds from
+
+
+def load_templates() -> list[Any]:
+    out = []
+    for module, cls in FAMILIES:
+        try:
+            out.append(getattr(importlib.import_module(module), cls)())
+        except (ImportError, AttributeError) as e:
+            log.debug("template family %s.%s unavailable: %s", module, cls, e)
+    return out
+
+
+@dataclass
+class Region:
+    template: Any
+    match: Any
+    space: dict[str, list[Any]]
+
+    @property
+    def key(self) -> str:
+        return self.match.key
+
+    def default(self) -> dict[str, Any]:
+        return {k: v[0] for k, v in self.space.items()}
+
+
+@dataclass
+class Plan:
+    graph: Any
+    source: str = ""
+    regions: list[Region] = field(default_factory=list)
+    error: str | None = None
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"key": r.key, "family": r.match.family, "kind": r.match.kind, "nodes": len(r.match.nodes)}
+                for r in self.regions]
+
+
+def plan_problem(problem: Any, device: str) -> Plan:
+    """Capture the reference and let every family claim its regions."""
+    from kernelevolve.analyze.graph import CaptureError, capture
+
+    try:
+        graph = capture(problem)
+    except CaptureError as e:
+        return Plan(None, problem.source, error=f"the reference could not be captured as a graph: {e}")
+    taken: set[Any] = set()
+    plan = Plan(graph, problem.source)
+    for t in load_templates():
+        try:
+            found = t.find(graph, taken)
+        except Exception as e:  # a family's matcher must not take the whole proposer down
+            log.warning("template family %s failed to match: %s: %s", t.family, type(e).__name__, e)
+            continue
+        for m in found:
+            if taken & set(m.nodes):
+                continue
+            space = dict(t.space(m, device))
+            if m.family in OPTIONAL:
+                space[USE] = [True, False]
+            plan.regions.append(Region(t, m, space))
+            taken |= set(m.nodes)
+    return plan
+
+
+def genome_key(genome: dict[str, dict[str, Any]]) -> str:
+    return json.dumps(genome, sort_keys=True, default=str)
+
+
+class TemplateProposer:
+    name = "template"
+
+    def __init__(self, device: str, seed: int | None = None):
+        self.device = device
+        self.rng = random.Random(seed)
+        self._plans: dict[str, Plan] = {}
+        self.broken: set[str] = set()  # region keys whose rendering failed
+
+    def plan(self, problem: Any) -> Plan:
+        if problem.sha not in self._plans:
+            self._plans[problem.sha] = plan_problem(problem, self.device)
+            p = self._plans[problem.sha]
+            log.info("template plan: %s", p.error or ", ".join(f"{r.match.kind}({len(r.match.nodes)} ops)"
+                                                                for r in p.regions) or "no region matched")
+        return self._plans[problem.sha]
+
+    # ---- rendering ---------------------------------------------------------------------------------------------
+
+    def render(self, plan: Plan, genome: dict[str, dict[str, Any]], label: str) -> str | None:
+        from kernelevolve.analyze.pointwise import CodegenError
+        from kernelevolve.templates.base import TemplateError
+        from kernelevolve.templates.program import assemble
+
+        kernels, used = [], []
+        for i, r in enumerate(plan.regions):
+            cfg = genome.get(r.key)
+            if cfg is None or not cfg.get(USE, True) or r.key in self.broken:
+                continue
+            name = f"k{i}_{r.match.family}"
+            try:
+                src = r.template.render(r.match, {k: v for k, v in cfg.items() if k != USE}, name)
+            except (CodegenError, TemplateError, KeyError, ValueError, NotImplementedError) as e:
+                log.info("region %s cannot render: %s", r.key, e)
+                self.broken.add(r.key)
+                continue
+            kernels.append((r.match, name, src))
+            used.append(r.match)
+        if not kernels:
+            return None
+        doc = f"Candidate from kernelevolve's template proposer ({label}): " + ", ".join(
+            f"{m.kind}" for m in used) + "."
+        try:
+            return assemble(plan.source, plan.graph, used, kernels, doc)
+        except TemplateError as e:
+            log.info("cannot assemble a candidate: %s", e)
+            return None
+
+    # ---- the search --------------------------------------------------------------------------------------------
+
+    def _seeds(self, plan: Plan, ctx: ProposalContext) -> list[tuple[str, dict[str, Any]]]:
+        base = {r.key: r.default() for r in plan.regions}
+        seeds = [("defaults", base)]
+        bound = (ctx.profile or {}).get("bound")
+        for r in plan.regions:  # the prior: second values of the knobs the bound class cares about first
+            for knob in _prior_knobs(bound, r.space):
+                if len(r.space[knob]) > 1:
+                    seeds.append((f"prior {r.match.kind} {knob}", dict(base, **{r.key: dict(base[r.key],
+                                                                                            **{knob: r.space[knob][1]})})))
+        for family_cfg in _experience(ctx):
+            g = dict(base)
+            for r in plan.regions:
+                cfg = family_cfg.get(r.match.family)
+                if cfg and all(k in r.space and v in r.space[k] for k, v in cfg.items()):
+                    g[r.key] = dict(r.default(), **cfg)
+            if g != base:
+                seeds.append(("experience", g))
+        return seeds
+
+    def _mutate(self, plan: Plan, genome: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        r = self.rng.choice(plan.regions)
+        knob = self.rng.choice(sorted(r.space))
+        cfg = dict(r.default(), **genome.get(r.key, {}))
+        choices = [v for v in r.space[knob] if v != cfg.get(knob)]
+        if not choices:
+            return "noop", genome
+        cfg[knob] = self.rng.choice(choices)
+        return f"{r.match.kind} {knob}={cfg[knob]}", dict(genome, **{r.key: cfg})
+
+    def _cross(self, plan: Plan, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return {r.key: dict((a if self.rng.random() < 0.5 else b).get(r.key, r.default())) for r in plan.regions}
+
+    def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
+        plan = self.plan(ctx.problem)
+        if plan.error or not plan.regions:
+            return []
+        mine = [node for node in ctx.history if node["proposer"] == self.name and "genome" in node["meta"]]
+        tried = {genome_key(node["meta"]["genome"]) for node in mine}
+        ranked = sorted((node for node in mine if _runtime(node) is not None), key=_runtime)
+        verified = [node for node in mine if node.get("result") is not None and node["result"].ok]
+        parents = (ranked or verified)[:PARENTS]
+        pool: list[tuple[str, dict[str, Any], int | None]] = [(lbl, g, None) for lbl, g in self._seeds(plan, ctx)]
+        for _ in range(8 * max(n, 1)):
+            if parents:
+                p = self.rng.choice(parents)
+                if len(parents) > 1 and self.rng.random() < 0.3:
+                    q = self.rng.choice(parents)
+                    label, g = self._mutate(plan, self._cross(plan, p["meta"]["genome"], q["meta"]["genome"]))
+                    pool.append((f"cross+{label}", g, p["id"]))
+                else:
+                    label, g = self._mutate(plan, p["meta"]["genome"])
+                    pool.append((label, g, p["id"]))
+            else:
+                label, g = self._mutate(plan, {r.key: r.default() for r in plan.regions})
+                pool.append((label, g, None))
+        out: list[Candidate] = []
+        for label, genome, parent in pool:
+            key = genome_key(genome)
+            if key in tried:
+                continue
+            tried.add(key)
+            source = self.render(plan, genome, label)
+            if source is None:
+                continue
+            configs = [{"family": r.match.family, "kind": r.match.kind, "config": genome[r.key]}
+                       for r in plan.regions if r.key in genome]
+            out.append(Candidate(source, proposer=self.name, language="triton", parent=parent,
+                                 meta={"label": label, "genome": genome, "configs": configs,
+                                       "regions": plan.describe()}))
+            if len(out) >= n:
+                break
+        return out
+
+
+def _runtime(node: dict[str, Any]) -> float | None:
+    r = node.get("result")
+    return r.runtime_ms if r is not None and r.ok and r.timed else None
+
+
+def _prior_knobs(bound: str | None, space: dict[str, list[Any]]) -> list[str]:
+    """Knobs worth a first variation: tile shape when compute-bound, parallelism when memory- or latency-bound."""
+    if bound == "compute":
+        order = ["BLOCK_M", "BLOCK_N", "num_stages"]
+    elif bound == "latency":
+        order = ["num_warps", "BLOCK_R", "BLOCK"]
+    else:
+        order = ["PERSISTENT", "BLOCK_R", "BLOCK", "num_warps", "BLOCK_N"]
+    return [k for k in order if k in space]
+
+
+def _experience(ctx: ProposalContext) -> list[dict[str, dict[str, Any]]]:
+    """Per-family configs of the winners of earlier runs on this device, best first."""
+    out = []
+    for meta in ctx.experience:
+        fam: dict[str, dict[str, Any]] = {}
+        for c in meta.get("configs", []):
+            fam.setdefault(c["family"], c["config"])
+        if fam:
+            out.append(fam)
+    return out[:4]

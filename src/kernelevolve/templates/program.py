@@ -1,0 +1,184 @@
+"""Assemble a candidate file from a captured graph and rendered matches.
+
+The file holds the problem's source verbatim (so ``ModelNew`` subclasses ``Model`` and shares its constructor and
+state_dict), the pointwise prelude, every rendered kernel and a generated ``forward``: matched regions call their
+launchers, every other node runs as the ATen op it was traced as. Inputs whose shapes or dtypes differ from the traced
+ones take the reference path, so the kernels only ever see the shapes they were generated for.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from kernelevolve.analyze.graph import CapturedGraph
+from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS
+from kernelevolve.templates.base import FILE_HEADER, Match, TemplateError
+
+MAX_EMBEDDED_CONST = 65536  # elements; larger traced constants make the graph unfit for a self-contained file
+
+
+def _const(v: Any) -> str:
+    if isinstance(v, fx.Node):
+        raise TemplateError("node passed as a constant")
+    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
+        return repr(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "float('nan')"
+        if math.isinf(v):
+            return "float('inf')" if v > 0 else "float('-inf')"
+        return repr(v)
+    if isinstance(v, torch.dtype):
+        return str(v)
+    if isinstance(v, torch.device):
+        return "_dev"
+    if isinstance(v, torch.layout):
+        return str(v)
+    if isinstance(v, torch.memory_format):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        inner = ", ".join(_const(x) for x in v)
+        return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+    raise TemplateError(f"cannot write the constant {v!r} into a candidate")
+
+
+class _Namer:
+    def __init__(self) -> None:
+        self.names: dict[fx.Node, str] = {}
+
+    def __call__(self, node: fx.Node) -> str:
+        return self.names[node]
+
+    def value(self, a: Any) -> str:
+        if isinstance(a, fx.Node):
+            return self.names[a]
+        if isinstance(a, (list, tuple)) and any(isinstance(x, fx.Node) for x in a):
+            inner = ", ".join(self.value(x) for x in a)
+            return f"[{inner}]"
+        return _const(a)
+
+
+def _units(graph: CapturedGraph, matches: list[Match]) -> list[Any]:
+    """Matches and loose nodes in an order that respects every dependency (Kahn's algorithm over units)."""
+    owner: dict[fx.Node, Match] = {}
+    for m in matches:
+        for n in m.nodes:
+            if n in owner:
+                raise TemplateError(f"node {n.name} claimed twice")
+            owner[n] = m
+    order = list(graph.graph.nodes)
+    unit_of = {n: owner.get(n, n) for n in order}
+    deps: dict[Any, set[Any]] = {}
+    for n in order:
+        u = unit_of[n]
+        deps.setdefault(u, set())
+        for a in n.all_input_nodes:
+            if unit_of[a] is not u:
+                deps[u].add(unit_of[a])
+    done: set[int] = set()
+    out: list[Any] = []
+    pending = list(dict.fromkeys(unit_of[n] for n in order))
+    while pending:
+        ready = next((u for u in pending if all(id(d) in done for d in deps[u])), None)
+        if ready is None:
+            raise TemplateError("the matches form a cycle")
+        pending.remove(ready)
+        done.add(id(ready))
+        out.append(ready)
+    return out
+
+
+def _tensor_const(t: torch.Tensor) -> str:
+    if t.numel() > MAX_EMBEDDED_CONST:
+        raise TemplateError(f"a traced constant of {t.numel()} elements is too large to embed")
+    return f"torch.tensor({t.tolist()!r}, dtype={t.dtype}, device=_dev)"
+
+
+def forward_body(graph: CapturedGraph, matches: list[Match], launchers: dict[str, str]) -> list[str]:
+    """Statements of the generated forward; ``launchers`` maps a match key to its launcher name."""
+    name = _Namer()
+    lines: list[str] = []
+    placeholders = graph.placeholders()
+    n_state = len(graph.state_names)
+    for i, p in enumerate(placeholders):
+        name.names[p] = f"_s[{i}]" if i < n_state else f"args[{i - n_state}]"
+    for unit in _units(graph, matches):
+        if isinstance(unit, Match):
+            outs = [f"v_{n.name}" for n in unit.outputs]
+            for n, o in zip(unit.outputs, outs):
+                name.names[n] = o
+            ins = ", ".join(name(n) for n in unit.inputs)
+            lines.append(f"{', '.join(outs)}, = {launchers[unit.key]}({ins})")
+            continue
+        n = unit
+        if n.op in ("placeholder", "output"):
+            continue
+        var = f"v_{n.name}"
+        name.names[n] = var
+        if n.op == "get_attr":
+            lines.append(f"{var} = {_tensor_const(getattr(graph.gm, n.target))}")
+        elif n.target is __import__("operator").getitem:
+            lines.append(f"{var} = {name.value(n.args[0])}[{n.args[1]}]")
+        elif isinstance(n.target, torch._ops.OpOverload):
+            args = [name.value(a) for a in n.args]
+            args += [f"{k}={name.value(v)}" for k, v in n.kwargs.items()]
+            lines.append(f"{var} = torch.ops.{n.target.namespace}.{n.target._schema.name.split('::')[-1]}"
+                         f".{n.target._overloadname}({', '.join(args)})")
+        else:
+            raise TemplateError(f"cannot write the call {n.target}")
+    outs = [name.value(o) for o in graph.outputs()]
+    spec = getattr(graph.gm, "_out_spec", None)
+    single = spec is not None and spec.num_leaves == 1 and spec.is_leaf()
+    lines.append(f"return {outs[0]}" if single else f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    return lines
+
+
+def _guard(graph: CapturedGraph) -> list[str]:
+    checks = []
+    for i, m in enumerate(graph.input_meta):
+        if isinstance(m, tuple) and len(m) == 2 and isinstance(m[1], torch.dtype):
+            checks.append(f"tuple(args[{i}].shape) == {tuple(m[0])!r} and args[{i}].dtype == {m[1]}")
+        else:
+            checks.append(f"args[{i}] == {_const(m)}")
+    return checks or ["True"]
+
+
+CLASS = '''
+
+class ModelNew(Model):
+    """{doc}"""
+
+    def forward(self, *args):
+        if len(args) != {n_inputs} or not _kernelevolve_shapes_match(args):
+            return super().forward(*args)  # shapes the kernels were not generated for: the reference path
+        _state = dict(self.named_parameters())
+        _state.update(dict(self.named_buffers()))
+        _s = [_state[k] for k in {state_names!r}]
+        _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
+{body}
+
+
+def _kernelevolve_shapes_match(args):
+    return all((
+{guards}
+    ))
+'''
+
+
+def assemble(problem_source: str, graph: CapturedGraph, matches: list[Match], kernels: list[tuple[Match, str, str]],
+             doc: str) -> str:
+    """The candidate file. ``kernels`` holds (match, launcher name, rendered source) for every match."""
+    launchers = {m.key: launcher for m, launcher, _ in kernels}
+    body = forward_body(graph, matches, launchers)
+    parts = [f'"""{doc}"""', FILE_HEADER + PRELUDE_IMPORTS, PRELUDE.strip("\n")]
+    parts += [src.strip("\n") for _, _, src in kernels]
+    parts.append("# ---- the reference, verbatim from the problem file " + "-" * 60)
+    parts.append(problem_source.rstrip())
+    parts.append("# ---- end of reference " + "-" * 89)
+    cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs, state_names=graph.state_names,
+                       body="\n".join("        " + line for line in body),
+                       guards="\n".join(f"        {c}," for c in _guard(graph)))
+    return "\n\n\n".join(parts) + "\n" + cls

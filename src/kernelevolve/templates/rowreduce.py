@@ -1,0 +1,179 @@
+"""Fused reductions along one dimension, with every pointwise op around them: softmax, log-softmax, layer norm,
+RMS norm with its residual, cross-entropy, sums, means, maxima, column reductions.
+
+A region is a set of nodes over one shape F reduced along one dim d. Each value in it is a *vector* (varies along d,
+held as a [BLOCK_R, BLOCK_C] tile) or a *row scalar* (held as [BLOCK_R, 1]). A row scalar may live in the squeezed
+frame (a reduction with keepdim=False); views that only add or drop the reduced dim are free. ``gather`` along d by a
+row-scalar index becomes a masked sum, which fuses cross-entropy's target pick.
+
+Two schedules: *persistent* keeps the whole row in registers (one read of every input); *looped* walks the row in
+chunks, one pass per reduction plus one for the vector outputs, recomputing pointwise work instead of storing it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
+from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit, expression
+from kernelevolve.templates.base import Match, make_match
+from kernelevolve.templates.pointwise import _load_type, contiguous_strides, merge_dims, offset_expr
+
+REDUCTIONS = {"sum": "0.0", "amax": "float('-inf')", "amin": "float('inf')"}
+VIEWS = {"view", "reshape", "unsqueeze", "squeeze", "_unsafe_view", "expand"}
+MAX_TILE = 16384  # elements per [BLOCK_R, BLOCK_C] tile before a persistent row stops fitting in registers
+
+
+def _reduced_dim(node: fx.Node) -> int | None:
+    if node.op != "call_function" or op_name(node) not in REDUCTIONS or len(node.args) < 2:
+        return None
+    dims = node.args[1] if isinstance(node.args[1], (list, tuple)) else [node.args[1]]
+    src = shape(node.args[0])
+    if len(dims) != 1 or not src or not torch.is_floating_point(node.args[0].meta["val"]):
+        return None
+    return dims[0] % len(src)
+
+
+def _keepdim(node: fx.Node) -> bool:
+    return bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
+
+
+class _Frame:
+    """F, the reduced dim d, and what shape a value may have in this region."""
+
+    def __init__(self, full: tuple[int, ...], d: int):
+        self.full, self.d = full, d
+        self.scal = full[:d] + (1,) + full[d + 1:]
+        self.sq = full[:d] + full[d + 1:]
+
+    def fits(self, s: tuple[int, ...]) -> bool:
+        return len(s) <= len(self.full) and all(a in (b, 1) for a, b in zip(reversed(s), reversed(self.full)))
+
+    def fits_sq(self, s: tuple[int, ...]) -> bool:
+        return len(s) <= len(self.sq) and all(a in (b, 1) for a, b in zip(reversed(s), reversed(self.sq)))
+
+    def in_full(self, s: tuple[int, ...], squeezed: bool) -> tuple[int, ...]:
+        """A shape as it broadcasts in F (rank len(F)), read in the squeezed frame when ``squeezed``."""
+        if squeezed:
+            s = (1,) * (len(self.sq) - len(s)) + tuple(s)
+            return s[:self.d] + (1,) + s[self.d:]
+        return (1,) * (len(self.full) - len(s)) + tuple(s)
+
+
+class RowReduceTemplate:
+    family = "row_reduction"
+
+    def find(self, graph: CapturedGraph, taken: set[fx.Node]) -> list[Match]:
+        matches: list[Match] = []
+        used = set(taken)
+        for seed in graph.calls():
+            d = _reduced_dim(seed)
+            if seed in used or d is None:
+                continue
+            frame = _Frame(shape(seed.args[0]), d)
+            region = self._grow(seed, frame, used)
+            if region is None:
+                continue
+            sq = self._squeezed(region, frame)
+            m = make_match(self.family, list(region), {"full": list(frame.full), "dim": d,
+                                                      "squeezed": sorted(n.name for n in sq)})
+            if m is None or not self._storable(m, frame, sq):
+                continue
+            kind = "column_reduction" if d != len(frame.full) - 1 else "row_reduction"
+            m.kind = kind
+            matches.append(m)
+            used |= set(m.nodes)
+        return matches
+
+    def _admits(self, n: fx.Node, frame: _Frame) -> bool:
+        if n.op != "call_function" or not isinstance(n.meta.get("val"), torch.Tensor):
+            return False
+        s = shape(n)
+        name = op_name(n)
+        if _reduced_dim(n) is not None:
+            return shape(n.args[0]) == frame.full and _reduced_dim(n) == frame.d
+        if name in VIEWS:
+            return s in (frame.scal, frame.sq) and shape(n.args[0]) in (frame.scal, frame.sq)
+        if name == "gather":
+            return (len(n.args) >= 3 and n.args[1] % len(frame.full) == frame.d and s == frame.scal
+                    and shape(n.args[0]) == frame.full)
+        return can_emit(n) and (frame.fits(s) or frame.fits_sq(s))
+
+    def _grow(self, seed: fx.Node, frame: _Frame, used: set[fx.Node]) -> set[fx.Node] | None:
+        region, stack = {seed}, [seed]
+        while stack:
+            n = stack.pop()
+            for nb in list(n.all_input_nodes) + list(n.users):
+                if nb not in region and nb not in used and self._admits(nb, frame):
+                    region.add(nb)
+                    stack.append(nb)
+        # a value that leaves the region must be storable: a vector of shape F or a row scalar
+        changed = True
+        while changed:
+            changed = False
+            for n in list(region):
+                leaves = any(u not in region for u in n.users)
+                if leaves and shape(n) not in (frame.full, frame.scal, frame.sq) and n is not seed:
+                    region.discard(n)
+                    changed = True
+        return region
+
+    def _squeezed(self, region: set[fx.Node], frame: _Frame) -> set[fx.Node]:
+        """Nodes that live in the squeezed frame, decided by provenance in graph order."""
+        order = {n: i for i, n in enumerate(next(iter(region)).graph.nodes)}
+        sq: set[fx.Node] = set()
+        for n in sorted(region, key=order.__getitem__):
+            if _reduced_dim(n) is not None:
+                if not _keepdim(n):
+                    sq.add(n)
+            elif op_name(n) in VIEWS:
+                if shape(n) == frame.sq and frame.sq != frame.scal:
+                    sq.add(n)
+            elif op_name(n) != "gather":
+                only_sq = frame.fits_sq(shape(n)) and not frame.fits(shape(n))
+                if only_sq or any(a in sq for a in n.all_input_nodes):
+                    sq.add(n)
+        return sq
+
+    def _storable(self, m: Match, frame: _Frame, sq: set[fx.Node]) -> bool:
+        if not any(_reduced_dim(n) is not None for n in m.nodes):
+            return False
+        for n in m.nodes:
+            if n in sq and not frame.fits_sq(shape(n)):
+                return False
+            if n not in sq and not frame.fits(shape(n)) and op_name(n) not in VIEWS:
+                return False
+            mixed = [a for a in n.all_input_nodes if a in m.nodes and op_name(n) not in VIEWS]
+            if n in sq and any(a not in sq and math.prod(shape(a)) != 1 for a in mixed) and op_name(n) not in VIEWS:
+                return False
+        return all(dtype(o) in TL_DTYPES for o in m.outputs)
+
+    def space(self, match: Match, device: str) -> dict[str, list[Any]]:
+        full, d = match.spec["full"], match.spec["dim"]
+        c = full[d]
+        rows = 1
+        for i, s in enumerate(full):
+            rows *= s if i != d else 1
+        persistent = [True, False] if _pow2(c) <= MAX_TILE else [False]
+        if d != len(full) - 1:  # a column reduction: tiles along the contiguous row dim
+            block_r = [64, 32, 128, 16, 256]
+        else:
+            block_r = [1, 2, 4, 8, 16] if c >= 512 else [16, 8, 32, 4, 64]
+        return {"PERSISTENT": persistent, "BLOCK_R": block_r, "BLOCK_C": [1024, 2048, 512, 4096, 256, 64],
+                "num_warps": [4, 8, 16, 2, 1], "num_stages": [1, 2, 3]}
+
+    def render(self, match: Match, config: dict[str, Any], name: str) -> str:
+        from kernelevolve.templates.rowreduce_codegen import render_region
+
+        return render_region(match, config, name, _Frame(tuple(match.spec["full"]), match.spec["dim"]))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+__all__ = ["RowReduceTemplate", "REDUCTIONS", "VIEWS", "MAX_TILE", "contiguous_strides", "merge_dims",
+           "offset_expr", "expression", "_load_type", "_pow2", "_Frame", "_reduced_dim", "_keepdim"]

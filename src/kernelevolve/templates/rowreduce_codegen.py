@@ -1,0 +1,272 @@
+"""Source for a row-reduction region: loads, the pointwise DAG, reductions and stores, persistent or looped."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch.fx as fx
+
+from kernelevolve.analyze.graph import dtype, op_name, shape
+from kernelevolve.analyze.pointwise import TL_DTYPES, expression
+from kernelevolve.templates.pointwise import _load_type, broadcast_strides, contiguous_strides, merge_dims, offset_expr
+from kernelevolve.templates.rowreduce import MAX_TILE, REDUCTIONS, VIEWS, _Frame, _pow2, _reduced_dim
+
+
+class _Operand:
+    """One pointer argument: an input read in one frame, or an output."""
+
+    def __init__(self, var: str, full_strides: tuple[int, ...], d: int, size_d: int):
+        self.var = var
+        self.row_strides = full_strides[:d] + full_strides[d + 1:]
+        self.col_stride = full_strides[d] if size_d > 1 else 0
+
+    @property
+    def rowdep(self) -> bool:
+        return any(s != 0 for s in self.row_strides)
+
+
+class _Gen:
+    def __init__(self, match: Any, frame: _Frame):
+        self.m, self.f = match, frame
+        self.region = list(match.nodes)
+        self.inside = set(self.region)
+        self.sq = {n for n in self.region if n.name in set(match.spec["squeezed"])}
+        self.loads: dict[tuple[fx.Node, bool], _Operand] = {}
+        self.outs: list[_Operand] = []
+        self.vec: dict[fx.Node, bool] = {}
+        self._plan()
+
+    def _operand(self, node: fx.Node, squeezed: bool) -> _Operand:
+        key = (node, squeezed)
+        if key not in self.loads:
+            in_full = self.f.in_full(shape(node), squeezed)
+            st = broadcast_strides(in_full, self.f.full)
+            self.loads[key] = _Operand(f"in{len(self.loads)}", st, self.f.d, self.f.full[self.f.d])
+        return self.loads[key]
+
+    def _plan(self) -> None:
+        for n in self.region:
+            name = op_name(n)
+            if _reduced_dim(n) is not None or name == "gather" or name in VIEWS:
+                self.vec[n] = False
+                args = [n.args[0]] if name != "gather" else [n.args[0], n.args[2]]
+            else:
+                args = n.all_input_nodes
+            flags = []
+            for a in args:
+                if a in self.inside:
+                    flags.append(self.vec[a])
+                else:
+                    op = self._operand(a, self.reads_squeezed(n))
+                    flags.append(op.col_stride != 0)
+            if n not in self.vec:
+                self.vec[n] = any(flags)
+        for k, o in enumerate(self.m.outputs):
+            st = contiguous_strides(self.f.full if self.vec[o] else self.f.scal)
+            self.outs.append(_Operand(f"out{k}", st, self.f.d, self.f.full[self.f.d]))
+
+    def reads_squeezed(self, n: fx.Node) -> bool:
+        return n in self.sq and _reduced_dim(n) is None
+
+    # ---- emission -------------------------------------------------------------------------------------------------
+
+    def load(self, node: fx.Node, squeezed: bool, ind: str) -> str:
+        op = self.loads[(node, squeezed)]
+        col = "" if op.col_stride == 0 else ("cols" if op.col_stride == 1 else f"cols * {op.col_stride}")
+        row = f"({offset_expr(self.row_sizes, op.row_merged, 'rows')})" if op.rowdep else ""
+        off = " + ".join(x for x in (row, col) if x) or "0"
+        mask = {(True, True): "mask", (True, False): "rmask", (False, True): "cmask", (False, False): None}[
+            (op.rowdep, op.col_stride != 0)]
+        ld = f"tl.load({op.var}_ptr + {off}" + (f", mask={mask}, other=0)" if mask else ")")
+        return f"{ind}{op.var} = {ld}.to({_load_type(node)})"
+
+    def merge(self) -> None:
+        ops = list(self.loads.values()) + self.outs
+        sizes, merged = merge_dims(self.f.sq, [o.row_strides for o in ops])
+        self.row_sizes = sizes
+        for o, st in zip(ops, merged):
+            o.row_merged = st
+
+    def node(self, n: fx.Node, env: dict[fx.Node, str], ind: str, lines: list[str], acc: str | None = None) -> None:
+        """One statement for ``n``; reductions fold into ``acc`` when given (looped schedule)."""
+        name = op_name(n)
+        var = f"v_{n.name}"
+        if name in VIEWS:
+            env[n] = env[n.args[0]]
+            return
+        red = _reduced_dim(n) is not None or name == "gather"
+        if red:
+            src = env[n.args[0]]
+            if name == "gather":
+                val, neutral, fn = f"tl.where(mask & (cols == {env[n.args[2]]}), {src}, 0.0)", "0.0", "tl.sum"
+            else:
+                neutral = REDUCTIONS[name]
+                fn = {"sum": "tl.sum", "amax": "tl.max", "amin": "tl.min"}[name]
+                val = f"tl.where(mask, {src}, {neutral})"
+            part = f"{fn}({val}, axis=1)[:, None]"
+            if acc is None:
+                lines.append(f"{ind}{var} = {part}")
+            elif fn == "tl.sum":
+                lines.append(f"{ind}{acc} = {acc} + {part}")
+            else:
+                lines.append(f"{ind}{acc} = {'tl.maximum' if fn == 'tl.max' else 'tl.minimum'}({acc}, {part})")
+            if acc is None:
+                env[n] = var
+            return
+        lines.append(f"{ind}{var} = {expression(n, env)}")
+        env[n] = var
+
+    def inputs_of(self, n: fx.Node) -> list[fx.Node]:
+        name = op_name(n)
+        if name in VIEWS or _reduced_dim(n) is not None:
+            return [n.args[0]]
+        if name == "gather":
+            return [n.args[0], n.args[2]]
+        return list(n.all_input_nodes)
+
+    def ensure(self, targets: list[fx.Node], env: dict[fx.Node, str], ind: str, lines: list[str],
+               loaded: set[tuple[fx.Node, bool]]) -> None:
+        """Emit every region ancestor of ``targets`` missing from ``env`` (loads included)."""
+        need: list[fx.Node] = []
+        seen: set[fx.Node] = set()
+
+        def visit(n: fx.Node) -> None:
+            if n in seen or n in env:
+                return
+            seen.add(n)
+            for a in self.inputs_of(n):
+                if a in self.inside:
+                    visit(a)
+            need.append(n)
+
+        for t in targets:
+            if t in self.inside:
+                visit(t)
+            elif t not in env:
+                key = (t, False)
+                if key not in loaded:
+                    lines.append(self.load(t, False, ind))
+                    loaded.add(key)
+                env[t] = self.loads[key].var
+        for n in need:
+            for a in self.inputs_of(n):
+                if a not in self.inside:
+                    key = (a, self.reads_squeezed(n))
+                    if key not in loaded:
+                        lines.append(self.load(a, key[1], ind))
+                        loaded.add(key)
+                    env[a] = self.loads[key].var
+            self.node(n, env, ind, lines)
+
+
+def render_region(match: Any, config: dict[str, Any], name: str, frame: _Frame) -> str:
+    g = _Gen(match, frame)
+    g.merge()
+    c = frame.full[frame.d]
+    rows = 1
+    for s in frame.sq:
+        rows *= s
+    block_r = max(1, min(int(config["BLOCK_R"]), _pow2(rows)))
+    persistent = bool(config["PERSISTENT"]) and _pow2(c) <= MAX_TILE
+    if persistent:
+        block_c = _pow2(c)
+        block_r = max(1, min(block_r, MAX_TILE // block_c))
+    else:
+        block_c = max(16, min(int(config["BLOCK_C"]), _pow2(c)))
+    lines = _body_persistent(g, c) if persistent else _body_looped(g, c)
+    ptrs = [f"{o.var}_ptr" for o in g.loads.values()] + [f"{o.var}_ptr" for o in g.outs]
+    outs = ", ".join(f"torch.empty({list(shape(n))!r}, dtype={dtype(n)}, device=_dev)" for n in match.outputs)
+    ins = [g.loads[(a, sq)].var for (a, sq) in g.loads]
+    args = {a: f"x{i}" for i, a in enumerate(match.inputs)}
+    call = ", ".join(args[a] for (a, _sq) in g.loads)
+    body = "\n".join(lines)
+    return f'''
+@triton.jit
+def {name}_kernel({", ".join(ptrs)}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    rmask = rows < {rows}
+    cbase = tl.arange(0, BLOCK_C)[None, :]
+{body}
+
+
+def {name}({", ".join(args.values())}):
+    _dev = x0.device
+    {"; ".join(f"x{i} = x{i}.contiguous()" for i in range(len(args)))}
+    outs = ({outs},)
+    {name}_kernel[(triton.cdiv({rows}, {block_r}),)]({call}{", " if ins else ""}*outs, BLOCK_R={block_r}, BLOCK_C={block_c},
+        num_warps={int(config["num_warps"])}, num_stages={int(config.get("num_stages", 1))})
+    return outs
+'''
+
+
+def _store(g: _Gen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str) -> str:
+    op = g.outs[k]
+    row = f"({offset_expr(g.row_sizes, op.row_merged, 'rows')})"
+    dt = TL_DTYPES[dtype(n)]
+    if g.vec[n]:
+        col = "cols" if op.col_stride == 1 else f"cols * {op.col_stride}"
+        val = f"({env[n]} + tl.zeros([BLOCK_R, BLOCK_C], tl.float32))"
+        return f"{ind}tl.store({op.var}_ptr + {row} + {col}, {val}.to({dt}), mask=mask)"
+    return f"{ind}tl.store({op.var}_ptr + {row}, ({env[n]} + tl.zeros([BLOCK_R, 1], tl.float32)).to({dt}), mask=rmask)"
+
+
+def _body_persistent(g: _Gen, c: int) -> list[str]:
+    ind = "    "
+    lines = [f"{ind}cols = cbase", f"{ind}cmask = cols < {c}", f"{ind}mask = rmask & cmask"]
+    env: dict[fx.Node, str] = {}
+    g.ensure(list(g.m.outputs), env, ind, lines, set())
+    lines += [_store(g, k, n, env, ind) for k, n in enumerate(g.m.outputs)]
+    return lines
+
+
+def _body_looped(g: _Gen, c: int) -> list[str]:
+    ind, inner = "    ", "        "
+    env: dict[fx.Node, str] = {}
+    lines: list[str] = []
+    outer_loaded: set[tuple[fx.Node, bool]] = set()
+    reds = [n for n in g.region if _reduced_dim(n) is not None or op_name(n) == "gather"]
+    chunk = [f"{ind}for c0 in range(0, {c}, BLOCK_C):", f"{inner}cols = c0 + cbase", f"{inner}cmask = cols < {c}",
+             f"{inner}mask = rmask & cmask"]
+    for r in reds:
+        neutral = "0.0" if op_name(r) in ("sum", "gather") else REDUCTIONS[op_name(r)]
+        acc = f"acc_{r.name}"
+        # row scalars the pass needs are computed once, outside the loop
+        scal_deps = _scalar_ancestors(g, r, env)
+        g.ensure(scal_deps, env, ind, lines, outer_loaded)
+        lines.append(f"{ind}{acc} = tl.full([BLOCK_R, 1], {neutral}, tl.float32)")
+        lines += chunk
+        local = dict(env)
+        loaded = set(outer_loaded)
+        g.ensure(g.inputs_of(r), local, inner, lines, loaded)
+        g.node(r, local, inner, lines, acc=acc)
+        env[r] = acc
+    scal_outs = [o for o in g.m.outputs if not g.vec[o]]
+    vec_outs = [o for o in g.m.outputs if g.vec[o]]
+    g.ensure(scal_outs + [a for o in vec_outs for a in _scalar_ancestors(g, o, env)], env, ind, lines, outer_loaded)
+    if vec_outs:
+        lines += chunk
+        local = dict(env)
+        g.ensure(vec_outs, local, inner, lines, set(outer_loaded))
+        lines += [_store(g, k, n, local, inner) for k, n in enumerate(g.m.outputs) if g.vec[n]]
+    lines += [_store(g, k, n, env, ind) for k, n in enumerate(g.m.outputs) if not g.vec[n]]
+    return lines
+
+
+def _scalar_ancestors(g: _Gen, n: fx.Node, env: dict[fx.Node, str]) -> list[fx.Node]:
+    """Row-scalar region nodes that ``n``'s vector work reads and that can be computed outside the chunk loop."""
+    out: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+
+    def visit(x: fx.Node) -> None:
+        if x in seen or x in env:
+            return
+        seen.add(x)
+        if not g.vec[x] and (_reduced_dim(x) is None and op_name(x) != "gather") and x is not n:
+            out.append(x)
+            return
+        if x is n or g.vec[x]:
+            for a in g.inputs_of(x):
+                if a in g.inside:
+                    visit(a)
+
+    visit(n)
+    return out
