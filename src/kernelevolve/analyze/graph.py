@@ -135,6 +135,14 @@ def _var(x: torch.Tensor, dim: Any = None, *, correction: float | None = None, k
     return _var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
 
 
+def _max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.amax(x, [dim], keepdim), torch.argmax(x, dim, keepdim)
+
+
+def _min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.amin(x, [dim], keepdim), torch.argmin(x, dim, keepdim)
+
+
 def _decompositions() -> dict[Any, Callable]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -147,6 +155,8 @@ def _decompositions() -> dict[Any, Callable]:
         table[op] = _mean
     table[aten.var_mean.correction] = _var_mean
     table[aten.var.correction] = _var
+    table[aten.max.dim] = _max_dim
+    table[aten.min.dim] = _min_dim
     # keep these whole: templates know them, decomposing them loses the structure
     for op in (aten.gelu.default, aten._embedding_bag.default, aten.embedding.default, aten.embedding_bag.default):
         table.pop(op, None)
@@ -244,3 +254,28 @@ def node_values(graph: CapturedGraph, args: list[Any] | None = None) -> dict[fx.
     with torch.no_grad():
         Recorder(graph.gm).run(*(args if args is not None else graph.example))
     return values
+
+
+def convex_core(nodes: Iterable[fx.Node]) -> set[fx.Node]:
+    """The largest part of ``nodes`` that stays convex by dropping every node that depends on a value which left the
+    set and came back (and everything after it in the set)."""
+    inside = set(nodes)
+    while inside and not is_convex(inside):
+        outside: set[fx.Node] = set()
+        frontier = [u for n in inside for u in n.users if u not in inside]
+        while frontier:
+            n = frontier.pop()
+            if n in outside or n in inside:
+                continue
+            outside.add(n)
+            frontier.extend(n.users)
+        tainted = {n for n in inside if any(a in outside for a in n.all_input_nodes)}
+        stack = list(tainted)
+        while stack:
+            n = stack.pop()
+            for u in n.users:
+                if u in inside and u not in tainted:
+                    tainted.add(u)
+                    stack.append(u)
+        inside -= tainted
+    return inside

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from kernelevolve.analyze.graph import CapturedGraph, dtype, shape
+from kernelevolve.analyze.graph import CapturedGraph, convex_core, dtype, shape
 from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit, emit
 from kernelevolve.templates.base import Match, make_match
 
@@ -82,7 +82,9 @@ class PointwiseTemplate:
             full = shape(seed)
             if not full or len(full) > 6:
                 continue
-            region = self._grow(seed, set(free) - seen, full)
+            region = convex_core(self._grow(seed, set(free) - seen, full))
+            if seed not in region:
+                continue
             outs = [n for n in region if any(u not in region for u in n.users)]
             if any(shape(o) != full for o in outs):
                 continue

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
+from kernelevolve.analyze.graph import CapturedGraph, convex_core, dtype, op_name, shape
 from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit, expression
 from kernelevolve.templates.base import Match, make_match
 from kernelevolve.templates.pointwise import _load_type, contiguous_strides, merge_dims, offset_expr
@@ -110,6 +110,9 @@ class RowReduceTemplate:
                 if nb not in region and nb not in used and self._admits(nb, frame):
                     region.add(nb)
                     stack.append(nb)
+        region = convex_core(region)
+        if seed not in region:
+            return None
         # a value that leaves the region must be storable: a vector of shape F or a row scalar
         changed = True
         while changed:

@@ -1,0 +1,87 @@
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import textwrap  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernelevolve.candidate import Candidate  # noqa: E402
+from kernelevolve.problem import build_model, import_module_from_path, load_problem  # noqa: E402
+from kernelevolve.propose.base import ProposalContext  # noqa: E402
+from kernelevolve.propose.template import TemplateProposer, genome_key, plan_problem  # noqa: E402
+from kernelevolve.templates.base import load_source  # noqa: E402
+
+PROBLEM = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class Model(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.ln = nn.LayerNorm(d)
+    def forward(self, x):
+        return F.softmax(self.ln(self.fc(x)) * 2.0, -1)
+def get_inputs(): return [torch.randn(5, 7, 48)]
+def get_init_inputs(): return [48]
+"""
+
+
+@pytest.fixture
+def problem(tmp_path):
+    path = tmp_path / "fc_ln_softmax.py"
+    path.write_text(textwrap.dedent(PROBLEM))
+    return load_problem(path)
+
+
+def _ctx(problem, history=()):
+    return ProposalContext(problem, "cpu", {"bound": "memory"}, list(history))
+
+
+def _run(source: str, problem, inputs):
+    module = import_module_from_path(problem.path, "ref_" + problem.short_sha)
+    ref = build_model(module, "Model", 0)
+    cand = load_source(source, "cand_" + Candidate(source).sha[:12])
+    new = cand.ModelNew(*module.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        return new(*inputs), ref(*inputs)
+
+
+def test_plan_claims_the_norm_and_leaves_the_matmul_to_aten_or_its_family(problem):
+    plan = plan_problem(problem, "cpu")
+    kinds = [r.match.kind for r in plan.regions]
+    assert "row_reduction" in kinds
+
+
+def test_candidates_are_self_contained_and_correct(problem):
+    cands = TemplateProposer("cpu", seed=0).propose(_ctx(problem), 3)
+    assert len(cands) == 3 and len({c.sha for c in cands}) == 3
+    for c in cands:
+        assert "kernelevolve" not in c.source.split("# ---- the reference")[0].replace("kernelevolve's", "")
+        assert c.language == "triton" and c.meta["genome"]
+    x = [torch.randn(5, 7, 48)]
+    got, want = _run(cands[0].source, problem, x)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_other_shapes_take_the_reference_path(problem):
+    (cand,) = TemplateProposer("cpu", seed=0).propose(_ctx(problem), 1)
+    got, want = _run(cand.source, problem, [torch.randn(2, 3, 48)])
+    torch.testing.assert_close(got, want)
+
+
+def test_search_never_repeats_a_genome_and_breeds_from_the_fastest(problem):
+    from kernelevolve.evaluate.result import Result, Status, Timing
+
+    proposer = TemplateProposer("cpu", seed=1)
+    first = proposer.propose(_ctx(problem), 2)
+    history = []
+    for i, c in enumerate(first):
+        timing = Timing.from_samples([1.0 + i], "perf_counter")
+        history.append({"id": i + 1, "proposer": "template", "meta": c.meta,
+                        "result": Result(Status.OK, "verified", timing=timing, timed=True)})
+    nxt = proposer.propose(_ctx(problem, history), 20)  # the remaining seeds first, then offspring
+    keys = {genome_key(c.meta["genome"]) for c in first}
+    assert nxt and all(genome_key(c.meta["genome"]) not in keys for c in nxt)
+    assert any(c.parent == 1 for c in nxt)

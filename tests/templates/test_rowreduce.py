@@ -1,0 +1,124 @@
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernelevolve.templates.rowreduce import RowReduceTemplate  # noqa: E402
+from tests.templates.rendering import captured, run_match  # noqa: E402
+
+LAYERNORM_SOFTMAX = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(70)
+    def forward(self, x):
+        return F.softmax(self.ln(x), -1)
+def get_inputs(): return [torch.randn(2, 9, 70)]
+def get_init_inputs(): return []
+"""
+MANUAL_LAYERNORM = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(70))
+        self.b = nn.Parameter(torch.randn(70))
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        y = (x - mu) / torch.sqrt(var + 1e-5) * self.w + self.b
+        e = torch.exp(y - y.max(dim=-1, keepdim=True).values)
+        return e / e.sum(-1, keepdim=True)
+def get_inputs(): return [torch.randn(2, 9, 70)]
+def get_init_inputs(): return []
+"""
+RMSNORM_RESIDUAL = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(70))
+    def forward(self, x, r):
+        h = x + r
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w, h
+def get_inputs(): return [torch.randn(13, 70).bfloat16(), torch.randn(13, 70).bfloat16()]
+def get_init_inputs(): return []
+"""
+CROSS_ENTROPY = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class Model(nn.Module):
+    def forward(self, x, t):
+        return F.cross_entropy(x, t)
+def get_inputs(): return [torch.randn(13, 300), torch.randint(0, 300, (13,))]
+def get_init_inputs(): return []
+"""
+COLUMNS = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return x.sum(0) * 2, torch.log_softmax(x, 0)
+def get_inputs(): return [torch.randn(300, 33)]
+def get_init_inputs(): return []
+"""
+NO_REDUCTION = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2
+def get_inputs(): return [torch.randn(30, 33)]
+def get_init_inputs(): return []
+"""
+SCHEDULES = [{"PERSISTENT": True, "BLOCK_R": 4}, {"PERSISTENT": False, "BLOCK_R": 2, "BLOCK_C": 32}]
+
+
+def _one(graph):
+    matches = RowReduceTemplate().find(graph, set())
+    assert len(matches) == 1, [m.key for m in matches]
+    return matches[0]
+
+
+@pytest.mark.parametrize("source", [LAYERNORM_SOFTMAX, MANUAL_LAYERNORM], ids=["modules", "manual"])
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+def test_layernorm_softmax_is_one_region_however_written(tmp_path, source, config):
+    g = captured(tmp_path, source)
+    m = _one(g)
+    assert m.kind == "row_reduction"
+    assert [n for n in g.calls() if n not in m.nodes] == []  # the whole graph fuses into one kernel
+    run_match(RowReduceTemplate(), g, m, config)
+
+
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+def test_rmsnorm_with_residual_returns_both_outputs_in_bf16(tmp_path, config):
+    g = captured(tmp_path, RMSNORM_RESIDUAL)
+    m = _one(g)
+    assert len(m.outputs) == 2 and m.outputs[0].meta["val"].dtype == torch.bfloat16  # the fp32 weight promotes the other
+    run_match(RowReduceTemplate(), g, m, config, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+def test_cross_entropy_fuses_the_target_pick(tmp_path, config):
+    g = captured(tmp_path, CROSS_ENTROPY)
+    m = _one(g)
+    assert "gather" in {n.target._schema.name.split("::")[-1] for n in m.nodes if hasattr(n.target, "_schema")}
+    run_match(RowReduceTemplate(), g, m, config)
+
+
+def test_column_reductions(tmp_path):
+    g = captured(tmp_path, COLUMNS)
+    matches = RowReduceTemplate().find(g, set())
+    assert {m.kind for m in matches} == {"column_reduction"} and len(matches) == 2
+    for m in matches:
+        for config in ({"PERSISTENT": True, "BLOCK_R": 16}, {"PERSISTENT": False, "BLOCK_R": 8, "BLOCK_C": 64}):
+            run_match(RowReduceTemplate(), g, m, config)
+
+
+def test_no_reduction_no_match(tmp_path):
+    assert RowReduceTemplate().find(captured(tmp_path, NO_REDUCTION), set()) == []
+
+
+def test_taken_nodes_are_left_alone(tmp_path):
+    g = captured(tmp_path, LAYERNORM_SOFTMAX)
+    assert RowReduceTemplate().find(g, set(g.calls())) == []
