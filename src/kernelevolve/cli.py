@@ -145,7 +145,28 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"problem {problem.name} ({problem.short_sha}); outputs {', '.join(problem.output_dtypes)}; "
           f"{problem.n_shapes} shape(s)")
     print(render_profile(profile_problem(problem, device, measure_ceilings=args.measure)))
+    print(_render_plan(problem, device))
     return EXIT_OK
+
+
+def _render_plan(problem, device: str) -> str:
+    """The regions the template library claims in the reference's ATen graph, and what runs as plain ATen."""
+    from kernelevolve.propose.template import plan_problem
+
+    plan = plan_problem(problem, device)
+    if plan.error:
+        return f"template plan: none ({plan.error})"
+    claimed = {n for r in plan.regions for n in r.match.nodes}
+    lines = [f"template plan: {len(plan.regions)} region(s) over {len(plan.graph.calls())} ATen op(s)"]
+    for r in plan.regions:
+        ops = ", ".join(dict.fromkeys(str(n.target).split(".")[1] if "." in str(n.target) else n.name
+                                      for n in r.match.nodes))
+        lines.append(f"  {r.match.kind:<20} {r.match.family:<15} {len(r.match.nodes):>3} op(s): {ops}")
+    rest = [n for n in plan.graph.calls() if n not in claimed]
+    if rest:
+        lines.append(f"  {'aten (unclaimed)':<36} {len(rest):>3} op(s): "
+                     + ", ".join(dict.fromkeys(str(n.target) for n in rest)))
+    return "\n".join(lines)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

@@ -73,7 +73,8 @@ def _server_alive() -> bool:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
-        return True  # no /proc: trust multiprocessing's own check
+        # gone from a /proc that exists: dead and reaped; no /proc at all: trust multiprocessing's own check
+        return not os.path.isdir("/proc/self")
 
 
 def _ensure_server() -> None:
