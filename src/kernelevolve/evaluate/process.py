@@ -77,6 +77,18 @@ def _server_alive() -> bool:
         return not os.path.isdir("/proc/self")
 
 
+def _await_server_death(timeout_s: float = 5.0) -> None:
+    from multiprocessing import forkserver
+
+    end = time.monotonic() + timeout_s
+    while _server_alive() and time.monotonic() < end:
+        time.sleep(0.05)
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if _server_alive() and pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _ensure_server() -> None:
     """(Re)start the fork server with secrets removed from its environment, so that no child can read them even from
     /proc/self/environ. A candidate can kill the server; multiprocessing would then restart it with the parent's full
@@ -165,10 +177,7 @@ class Child:
             self.deadline = time.monotonic() + timeout_s
             self.conn, child_conn = ctx.Pipe(duplex=True)
             try:
-                with _LOCK:
-                    _ensure_server()
-                    self.proc = ctx.Process(target=child_main, args=(child_conn, job), daemon=True)
-                    self.proc.start()
+                self._start(ctx, child_main, child_conn, job)
             finally:
                 child_conn.close()
         except BaseException:
@@ -182,6 +191,21 @@ class Child:
         self._watchdog = threading.Timer(max(timeout_s, 0.0) + WATCHDOG_GRACE_S, self._expire)
         self._watchdog.daemon = True
         self._watchdog.start()
+
+    def _start(self, ctx: Any, target: Any, child_conn: Any, job: dict[str, Any]) -> None:
+        # A candidate that SIGKILLed the server may leave it dying but not yet dead when we look: the fork request
+        # then fails with EOF. Wait for it to die and start a fresh one, once.
+        for attempt in range(2):
+            try:
+                with _LOCK:
+                    _ensure_server()
+                    self.proc = ctx.Process(target=target, args=(child_conn, job), daemon=True)
+                    self.proc.start()
+                return
+            except (EOFError, ConnectionError):
+                if attempt:
+                    raise
+                _await_server_death()
 
     def send(self, cmd: dict[str, Any]) -> None:
         try:

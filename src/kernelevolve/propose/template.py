@@ -94,6 +94,7 @@ def plan_problem(problem: Any, device: str) -> Plan:
         for m in found:
             if taken & set(m.nodes):
                 continue
+            m.spec.setdefault("allow_tf32", bool(problem.allow_tf32))
             space = dict(t.space(m, device))
             if m.family in OPTIONAL:
                 space[USE] = [True, False]

@@ -1,0 +1,27 @@
+"""nn.LayerNorm over the hidden dimension in fp32 (transformer family: pre-norm blocks)."""
+import torch
+import torch.nn as nn
+
+TOKENS = 16384
+HIDDEN = 4096
+SMALL = {"TOKENS": 64, "HIDDEN": 256}
+
+
+class Model(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        with torch.no_grad():  # non-trivial affine parameters, so a kernel that ignores them fails
+            self.norm.weight.normal_(1.0, 0.1)
+            self.norm.bias.normal_(0.0, 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+
+def get_inputs():
+    return [torch.randn(TOKENS, HIDDEN)]
+
+
+def get_init_inputs():
+    return [HIDDEN]

@@ -1,0 +1,399 @@
+"""Benchmark suite: every problem in bench/problems timed eager, under torch.compile and max-autotune, then optimized.
+
+    PYTHONPATH=src python3 bench/suite.py --device cuda --gpus 8 --budget-s 300 --json bench/results/suite.json
+    TRITON_INTERPRET=1 python3 bench/suite.py --device cpu --small --problems softmax_bf16 layernorm --budget-s 20
+
+All timings come from the project's own Evaluator, so the baselines and the optimized kernels are measured by the same
+harness. Each row is written to the JSON as soon as its problem finishes: a run killed by a time limit keeps every
+finished row. With --gpus N the problems are split across N processes, one GPU each.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as dt
+import fnmatch
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PROBLEMS = HERE / "problems"
+EXCLUDE = {"scale_bias_relu.py"}  # the harness-overhead problem, not a benchmark
+MAX_AUTOTUNE = "max-autotune-no-cudagraphs"
+SUSPECT_SPEEDUP = 10.0
+
+
+class SuiteError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    device: str
+    proposers: tuple[str, ...]
+    budget_s: float
+    max_evals: int
+    timing_budget_ms: float
+    small: bool
+    out_dir: Path
+    json_path: Path
+
+
+# --- problem files ----------------------------------------------------------------------------------------------------
+def small_overrides(source: str) -> dict[str, int]:
+    """The module-level ``SMALL = {...}`` dict of a problem source (a bench-only convention)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SMALL" for t in node.targets):
+            return {str(k): int(v) for k, v in ast.literal_eval(node.value).items()}
+    raise SuiteError("defines no SMALL dict")
+
+
+def small_source(source: str) -> str:
+    """The source with each ``NAME = <int>`` module-level line named in SMALL set to its small value."""
+    for name, value in small_overrides(source).items():
+        source, n = re.subn(rf"^{re.escape(name)}[ \t]*=[ \t]*[0-9_]+[ \t]*(#.*)?$", f"{name} = {value}", source,
+                            flags=re.M)
+        if n != 1:
+            raise SuiteError(f"SMALL names {name}, but there is no single module-level line `{name} = <int>`")
+    return source
+
+
+def write_small_copy(path: Path, dest_dir: Path) -> Path:
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / path.name
+    try:
+        dest.write_text(small_source(path.read_text()))
+    except SuiteError as e:
+        raise SuiteError(f"{path}: {e}") from e
+    return dest
+
+
+def problem_paths(patterns: list[str] | None) -> list[Path]:
+    """All suite problems, or those named: a path, a file stem, a glob on stems, or a stem prefix."""
+    every = sorted(p for p in PROBLEMS.glob("*.py") if p.name not in EXCLUDE)
+    if not patterns:
+        return every
+    chosen: list[Path] = []
+    for pat in patterns:
+        if Path(pat).is_file():
+            hits = [Path(pat).resolve()]
+        else:
+            stem = pat.removesuffix(".py")
+            hits = ([p for p in every if p.stem == stem] or [p for p in every if fnmatch.fnmatch(p.stem, stem)]
+                    or [p for p in every if p.stem.startswith(stem)])
+        if not hits:
+            raise SuiteError(f"no problem matches {pat!r}; available: {', '.join(p.stem for p in every)}")
+        chosen += [p for p in hits if p not in chosen]
+    return chosen
+
+
+# --- one problem ------------------------------------------------------------------------------------------------------
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def _seconds_between(start: str, end: str) -> float:
+    return (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds()
+
+
+def max_autotune_baseline(problem: Any, opt: Any, workdir: Path) -> tuple[float | None, str]:
+    """The reference under torch.compile max-autotune (no CUDA graphs), judged and timed as a candidate."""
+    from kernelevolve.candidate import Candidate
+    from kernelevolve.optimize import make_evaluator
+    from kernelevolve.propose.inductor import SEEDS, render
+
+    options = dict(SEEDS)[MAX_AUTOTUNE]
+    cand = Candidate(render(problem.source, options, MAX_AUTOTUNE), proposer="baseline")
+    result = make_evaluator(problem, opt, workdir).evaluate(cand)
+    ms = result.runtime_ms if result.ok and result.timed else None
+    return ms, f"{result.status.value}: {result.reason}"
+
+
+def best_found(store: Any, run_id: int) -> dict[str, Any]:
+    """The fastest verified timed node of a run, when it was found and how many candidates were evaluated."""
+    from kernelevolve.search import best_node
+
+    run = store.run(run_id)
+    best, _ = best_node(store.nodes(run_id))
+    out: dict[str, Any] = {"evals": store.count_evaluated(run_id), "stop_reason": run.get("stop_reason")}
+    if best is None or not best["result"].timed:
+        return out
+    row = store.db.execute("SELECT created FROM results WHERE candidate_id = ?", (best["candidate_id"],)).fetchone()
+    found = max(best["created"], row[0]) if row else best["created"]
+    out.update(kernelevolve_ms=best["result"].runtime_ms, best_proposer=best["proposer"],
+               best_label=best["meta"].get("label"), time_to_best_s=_seconds_between(run["created"], found))
+    return out
+
+
+def fill_speedups(row: dict[str, Any]) -> None:
+    """Speedups of the best kernel over each baseline, its fraction of the roofline floor, and the suspect flag. Only a
+    floor from datasheet ceilings is a hard limit (measured CPU ceilings are beaten by cache-resident ops)."""
+    have = {k: row[f"{k}_ms"] for k in ("eager", "compile", "max_autotune") if row.get(f"{k}_ms") is not None}
+    row["best_baseline"] = min(have, key=have.get) if have else None
+    row["best_baseline_ms"] = min(have.values()) if have else None
+    ke, floor = row.get("kernelevolve_ms"), row.get("floor_ms")
+    for key in ("eager", "compile", "max_autotune", "best_baseline"):
+        row[f"speedup_{key}"] = _ratio(row.get(f"{key}_ms"), ke)
+    row["floor_fraction"] = _ratio(floor, ke)
+    hard_floor = floor if row.get("floor_source", "table") == "table" else None
+    row["suspect"] = bool(ke is not None and ((hard_floor and ke < hard_floor)
+                                              or (row["speedup_eager"] or 0) > SUSPECT_SPEEDUP))
+
+
+def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
+    from kernelevolve.optimize import OptimizeConfig, optimize
+    from kernelevolve.problem import load_problem
+
+    t0 = time.monotonic()
+    row: dict[str, Any] = {"problem": path.stem, "status": "error", "notes": []}
+    try:
+        src = write_small_copy(path, cfg.out_dir / "small") if cfg.small else path
+        problem = load_problem(src, cfg.device)
+        row["dtype"] = problem.output_dtypes[0] if problem.output_dtypes else None
+        opt = OptimizeConfig(device=cfg.device, proposers=cfg.proposers, max_evals=cfg.max_evals,
+                             time_budget_s=cfg.budget_s, stall=None, timing_budget_ms=cfg.timing_budget_ms)
+        work = cfg.out_dir / path.stem
+        row["max_autotune_ms"], row["max_autotune_status"] = max_autotune_baseline(problem, opt, work / ".max-autotune")
+        outcome = optimize(src, opt, store, work)
+        run = store.run(outcome.run_id)
+        base, prof = run.get("baseline") or {}, run.get("profile") or {}
+        row.update(eager_ms=(base.get("eager") or {}).get("median_ms"),
+                   compile_ms=(base.get("compiled") or {}).get("median_ms"), compile_s=base.get("compile_s"),
+                   floor_ms=prof.get("floor_ms"), floor_source=prof.get("ceilings_source"), bound=prof.get("bound"),
+                   dtype=prof.get("dtype", row["dtype"]), run_id=outcome.run_id)
+        row.update(best_found(store, outcome.run_id))
+        fill_speedups(row)
+        row["status"] = "ok" if row.get("kernelevolve_ms") is not None else "no verified timed kernel"
+        if base.get("error"):
+            row["notes"].append(f"baseline: {base['error']}")
+        if row["max_autotune_ms"] is None:
+            row["notes"].append(f"max-autotune {row['max_autotune_status']}"[:300])
+        if row["suspect"]:
+            row["notes"].append("suspect: faster than the roofline floor or >10x over eager")
+    except Exception as e:  # one problem's failure is recorded and the suite goes on
+        row["error"] = f"{type(e).__name__}: {e}"[:1000]
+    row["wall_s"] = round(time.monotonic() - t0, 1)
+    return row
+
+
+# --- the suite --------------------------------------------------------------------------------------------------------
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """fast_1: the fraction of all problems with a verified kernel strictly faster than that baseline."""
+    n = len(rows)
+    got = lambda key: [r[key] for r in rows if r.get(key) is not None]  # noqa: E731
+    return {"problems": n, "verified": len(got("kernelevolve_ms")),
+            "errors": sum(r.get("status") == "error" for r in rows),
+            "suspect": sum(bool(r.get("suspect")) for r in rows),
+            "geomean_speedup_best_baseline": geomean(got("speedup_best_baseline")),
+            "geomean_speedup_compile": geomean(got("speedup_compile")),
+            "fast_1_eager": sum(v > 1.0 for v in got("speedup_eager")) / n if n else None,
+            "fast_1_compile": sum(v > 1.0 for v in got("speedup_compile")) / n if n else None,
+            "at_least_best_baseline": sum(v >= 1.0 for v in got("speedup_best_baseline"))}
+
+
+def header(cfg: SuiteConfig, device_name: str | None = None) -> dict[str, Any]:
+    """The run's metadata. Pass ``device_name`` to keep this process from initialising CUDA."""
+    import torch
+
+    from kernelevolve.optimize import versions
+
+    v = versions()
+    name = device_name or (torch.cuda.get_device_name(0) if cfg.device == "cuda"
+                           else platform.processor() or platform.machine())
+    return {"date": dt.date.today().isoformat(), "device": cfg.device, "device_name": name, "torch": v["torch"],
+            "triton": v["triton"], "python": v["python"], "command": " ".join(["python3"] + sys.argv),
+            "budget_s": cfg.budget_s, "max_evals": cfg.max_evals, "proposers": list(cfg.proposers), "small": cfg.small}
+
+
+def write_json(path: Path, head: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Rewrite the whole file atomically, so a kill never leaves it half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**head, "rows": rows, "summary": summarize(rows)}, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def run_serial(paths: list[Path], cfg: SuiteConfig, db: Path) -> list[dict[str, Any]]:
+    from kernelevolve.store import Store
+
+    for suffix in ("", "-wal", "-shm"):  # a fresh store per invocation: no result is reused from an earlier one
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    head, rows, store = header(cfg), [], Store(db)
+    for i, path in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {path.stem} ...", flush=True)
+        rows.append(run_problem(path, cfg, store))
+        write_json(cfg.json_path, head, rows)
+        print(f"[{i}/{len(paths)}] {path.stem}: {progress_line(rows[-1])}", flush=True)
+    store.close()
+    return rows
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    if row.get("error"):
+        return f"error: {row['error'][:200]}"
+    return (f"{row['status']}, {_fmt_ms(row.get('kernelevolve_ms'))} ms, {_fmt_x(row.get('speedup_best_baseline'))} "
+            f"vs best baseline, {row.get('evals')} evals, {row['wall_s']} s")
+
+
+def run_sharded(paths: list[Path], cfg: SuiteConfig, gpus: int, argv: list[str]) -> list[dict[str, Any]]:
+    """One process per GPU, pinned with CUDA_VISIBLE_DEVICES before torch starts, each writing its own JSON; their rows
+    are merged into ours as they appear."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range(gpus)]
+    if len(devices) < gpus:
+        raise SuiteError(f"--gpus {gpus}, but CUDA_VISIBLE_DEVICES lists {len(devices)}")
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    shards = [cfg.out_dir / f"shard{i}.json" for i in range(gpus)]
+    procs = []
+    for i, shard in enumerate(shards):
+        shard.unlink(missing_ok=True)
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--shard", f"{i}/{gpus}", "--json", str(shard)]
+        with open(cfg.out_dir / f"shard{i}.log", "w") as log:  # the child keeps its own copy of the descriptor
+            procs.append(subprocess.Popen(cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": devices[i]}, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    head, seen = header(cfg, "unknown"), set()
+    while True:
+        finished = all(p.poll() is not None for p in procs)
+        rows = []
+        for shard in shards:
+            try:
+                data = json.loads(shard.read_text())
+            except (OSError, ValueError):  # not written yet
+                continue
+            rows += data["rows"]
+            head["device_name"] = data["device_name"]
+        for r in rows:
+            if r["problem"] not in seen:
+                seen.add(r["problem"])
+                print(f"[{len(seen)}/{len(paths)}] {r['problem']}: {progress_line(r)}", flush=True)
+        if finished:
+            rows += [{"problem": path.stem, "status": "error", "notes": [],
+                      "error": f"not run: shard {i} exited with code {p.returncode} (see shard{i}.log)"}
+                     for i, p in enumerate(procs) for path in paths[i::gpus] if path.stem not in seen]
+        rank = {p.stem: k for k, p in enumerate(paths)}
+        rows.sort(key=lambda r: rank.get(r["problem"], len(rank)))
+        write_json(cfg.json_path, head, rows)
+        if finished:
+            return rows
+        time.sleep(5)
+
+
+# --- output -----------------------------------------------------------------------------------------------------------
+def _fmt_ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:.4g}"
+
+
+def _fmt_x(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}x"
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{100 * v:.0f}%"
+
+
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def print_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 160  # rich's default of 80 columns would cut the names in a log file
+    table = Table(title="kernelevolve suite (times in ms; x: speedup of the kernelevolve kernel)")
+    for col in ("problem", "dtype", "eager", "compile", "max-at", "kevolve", "x best", "x compile", "%floor",
+                "t-best s", "by"):
+        table.add_column(col, justify="left" if col in ("problem", "dtype", "by") else "right", no_wrap=True)
+    for r in rows:
+        if r.get("error"):
+            console.print(f"[red]{r['problem']}[/]: {r['error'][:300]}")
+        by = r.get("best_proposer") or ("[red]error[/]" if r.get("status") == "error" else "—")
+        t_best = r.get("time_to_best_s")
+        table.add_row(r["problem"] + (" [red]SUSPECT[/]" if r.get("suspect") else ""),
+                      DTYPES.get(r.get("dtype"), str(r.get("dtype") or "—")),
+                      *(_fmt_ms(r.get(f"{k}_ms")) for k in ("eager", "compile", "max_autotune", "kernelevolve")),
+                      _fmt_x(r.get("speedup_best_baseline")), _fmt_x(r.get("speedup_compile")),
+                      _pct(r.get("floor_fraction")), "—" if t_best is None else f"{t_best:.0f}", by)
+    console.print(table)
+    s = summary
+    console.print(f"verified {s['verified']}/{s['problems']}, errors {s['errors']}, suspect {s['suspect']}; geomean "
+                  f"{_fmt_x(s['geomean_speedup_best_baseline'])} vs the best baseline, "
+                  f"{_fmt_x(s['geomean_speedup_compile'])} vs torch.compile; fast_1 {_pct(s['fast_1_eager'])} vs "
+                  f"eager, {_pct(s['fast_1_compile'])} vs torch.compile; {s['at_least_best_baseline']} at >= 1.0x the "
+                  "best baseline")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"))
+    ap.add_argument("--problems", nargs="+", help="file stems, globs on stems, stem prefixes or paths")
+    ap.add_argument("--proposer", default="template,inductor", help="comma-separated proposer names")
+    ap.add_argument("--budget-s", type=float, default=60.0, help="search time per problem")
+    ap.add_argument("--max-evals", type=int, default=40)
+    ap.add_argument("--gpus", type=int, default=1, help="split the problems across N GPUs, one process each")
+    ap.add_argument("--json", type=Path, help="default: OUT_DIR/suite.json")
+    ap.add_argument("--out-dir", type=Path, default=Path("out/suite"))
+    ap.add_argument("--timing-budget-ms", type=float, default=300.0)
+    ap.add_argument("--small", action="store_true", help="run each problem at the sizes of its SMALL dict")
+    ap.add_argument("--shard", help=argparse.SUPPRESS)  # I/N: run every N-th problem from I (set by --gpus)
+    return ap.parse_args(argv)
+
+
+def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """argv without the named single-value flags, in either ``--flag v`` or ``--flag=v`` form."""
+    out, skip = [], False
+    for a in argv:
+        if not skip and a not in flags and not a.startswith(tuple(f + "=" for f in flags)):
+            out.append(a)
+        skip = a in flags
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    sys.path.insert(0, str(HERE.parent / "src"))
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out_dir = args.out_dir.resolve()
+    cfg = SuiteConfig(device, tuple(p for p in args.proposer.split(",") if p), args.budget_s, args.max_evals,
+                      args.timing_budget_ms, args.small, out_dir, (args.json or out_dir / "suite.json").resolve())
+    from kernelevolve.propose import ProposerError, make_proposers
+
+    try:
+        make_proposers(list(cfg.proposers), device)  # a bad name fails here, not once per problem
+        paths = problem_paths(args.problems)
+        if args.shard:
+            i, n = (int(v) for v in args.shard.split("/"))
+            run_serial(paths[i::n], cfg, out_dir / f"suite-shard{i}.db")
+            return 0
+        if args.gpus > 1 and device == "cuda":
+            rows = run_sharded(paths, cfg, args.gpus, _without(argv, ("--gpus", "--json")))
+        else:
+            rows = run_serial(paths, cfg, out_dir / "suite.db")
+    except (SuiteError, ProposerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print_table(rows, summarize(rows))
+    print(f"rows: {cfg.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Matmul families: each pattern is found on the captured graph and its rendered kernel reproduces the ATen values."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+from kernelevolve.analyze.graph import capture, node_values, op_name
+from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS
+from kernelevolve.problem import load_problem
+from kernelevolve.templates.base import FILE_HEADER, load_source
+from kernelevolve.templates.matmul import (FAMILIES, KNOBS, BatchedSmallTemplate, CrossTemplate, DualGemmTemplate,
+                                           MatmulTemplate, fit, gemm_space)
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def capture_problem(tmp_path, forward: str, inputs: str, init: str = "pass", dtype=torch.float32):
+    name = str(dtype).split(".")[-1]
+    body = lambda text: textwrap.indent(textwrap.dedent(text).strip(), " " * 8)  # noqa: E731
+    source = "\n".join([
+        "import torch", "import torch.nn as nn", "import torch.nn.functional as F", "",
+        "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()",
+        "        torch.manual_seed(0)", body(init), f"        self.to(torch.{name})", "",
+        "    def forward(self, *args):", body(forward), "",
+        "def get_inputs():", f"    return [t.to(torch.{name}) for t in {inputs}]", "",
+        "def get_init_inputs():", "    return []", ""])
+    path = tmp_path / f"problem_{name}.py"
+    path.write_text(source)
+    return capture(load_problem(path))
+
+
+def find_all(graph) -> list:
+    """Every family in order, each seeing what the earlier ones claimed."""
+    taken, found = set(), []
+    for family in FAMILIES:
+        for match in family().find(graph, taken):
+            taken |= set(match.nodes)
+            found.append(match)
+    return found
+
+
+_counter = iter(range(10**6))
+
+
+def check(template, match, graph, configs=({},)) -> None:
+    values = node_values(graph)
+    for config in configs:
+        source = template.render(match, dict(config), "mm_test")
+        module = load_source("\n".join([FILE_HEADER, PRELUDE_IMPORTS, PRELUDE, source]), f"mm_case_{next(_counter)}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's exp overflows to inf, as the GPU's
+            outs = module.mm_test(*[values[n] for n in match.inputs])
+        assert len(outs) == len(match.outputs)
+        for out, node in zip(outs, match.outputs):
+            ref = values[node]
+            assert out.shape == ref.shape and out.dtype == ref.dtype, config
+            tol = TOL.get(ref.dtype, 2e-2)
+            torch.testing.assert_close(out, ref, atol=tol, rtol=tol, msg=lambda m: f"{config}: {m}")
+
+
+def some_configs(template, match) -> list[dict]:
+    space = template.space(match, "cuda")
+    return [{}] + [{key: values[1]} for key, values in space.items() if len(values) > 1][:3]
+
+
+def ops(match) -> set[str]:
+    return {op_name(n) for n in match.nodes}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_gelu_3d_input(tmp_path, dtype):
+    g = capture_problem(tmp_path, "return F.gelu(self.fc(args[0]))", "[torch.randn(3, 11, 70)]",
+                        "self.fc = nn.Linear(70, 20)", dtype)
+    (match,) = find_all(g)
+    assert match.family == "matmul" and {"addmm", "gelu", "permute", "view"} <= ops(match)
+    assert len(match.inputs) == 3 and op_name(match.outputs[0]) == "gelu"
+    check(MatmulTemplate(), match, g, some_configs(MatmulTemplate(), match))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_bias_relu_residual(tmp_path, dtype):
+    g = capture_problem(tmp_path, "return torch.relu(self.fc(args[0])) * 0.5 + args[1]",
+                        "[torch.randn(33, 70), torch.randn(33, 20)]", "self.fc = nn.Linear(70, 20)", dtype)
+    (match,) = find_all(g)
+    assert {"addmm", "relu", "mul", "add"} <= ops(match)
+    check(MatmulTemplate(), match, g, some_configs(MatmulTemplate(), match))
+
+
+@pytest.mark.parametrize("forward", [
+    "return torch.tanh(F.linear(args[0], self.w, self.b))",
+    "return torch.tanh(args[0] @ self.w.t() + self.b)",
+    "return torch.tanh(torch.addmm(self.b, args[0], self.w.T))",
+    "return torch.tanh(torch.mm(args[0], self.w.transpose(0, 1)).add(self.b))",
+])
+def test_bias_spellings_are_one_pattern(tmp_path, forward):
+    init = "self.w = nn.Parameter(torch.randn(20, 70) / 8)\nself.b = nn.Parameter(torch.randn(20))"
+    g = capture_problem(tmp_path, forward, "[torch.randn(33, 70)]", init)
+    (match,) = find_all(g)
+    assert match.family == "matmul" and op_name(match.outputs[0]) == "tanh"
+    assert ops(match) & {"mm", "addmm"} and ops(match) & {"permute", "t", "transpose"}
+    check(MatmulTemplate(), match, g)
+
+
+def test_addmm_alpha_beta_and_cast(tmp_path):
+    init = "self.w = nn.Parameter(torch.randn(70, 20))\nself.b = nn.Parameter(torch.randn(33, 1))"
+    g = capture_problem(tmp_path, "return torch.addmm(self.b, args[0], self.w, beta=0.5, alpha=2.0).half()",
+                        "[torch.randn(33, 70)]", init)
+    (match,) = find_all(g)
+    assert match.outputs[0].meta["val"].dtype == torch.float16
+    check(MatmulTemplate(), match, g)
+
+
+def test_split_k(tmp_path):
+    g = capture_problem(tmp_path, "return F.silu(self.fc(args[0]))", "[torch.randn(7, 130)]",
+                        "self.fc = nn.Linear(130, 20)")
+    (match,) = find_all(g)
+    space = MatmulTemplate().space(match, "cuda")
+    assert space["SPLIT_K"] == [1, 2, 4, 8]
+    configs = [{"SPLIT_K": 4, "BLOCK_K": 32}, {"SPLIT_K": 2, "BLOCK_K": 64, "INPUT_PRECISION": "tf32x3"}]
+    check(MatmulTemplate(), match, g, configs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_two_weights(tmp_path, dtype):
+    init = """
+        self.w1 = nn.Linear(70, 24, bias=False)
+        self.w3 = nn.Linear(70, 24, bias=False)
+        self.w2 = nn.Linear(24, 70, bias=False)
+    """
+    g = capture_problem(tmp_path, "x = args[0]\nreturn self.w2(F.silu(self.w1(x)) * self.w3(x))",
+                        "[torch.randn(33, 70)]", init, dtype)
+    dual, down = find_all(g)
+    assert dual.family == "dual_gemm" and sum(op_name(n) == "mm" for n in dual.nodes) == 2
+    assert down.family == "matmul" and dual.outputs[0] in down.inputs
+    check(DualGemmTemplate(), dual, g, [{}, {"SPLIT_K": 2, "BLOCK_K": 32}])
+    check(MatmulTemplate(), down, g)
+
+
+def test_swiglu_one_weight_chunked(tmp_path):
+    g = capture_problem(tmp_path, "a, b = self.w13(args[0]).chunk(2, dim=-1)\nreturn F.silu(a) * b",
+                        "[torch.randn(3, 11, 70)]", "self.w13 = nn.Linear(70, 48)")
+    (match,) = find_all(g)
+    assert match.family == "dual_gemm" and "split_with_sizes" in ops(match)
+    check(DualGemmTemplate(), match, g, some_configs(DualGemmTemplate(), match))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_two_layer_towers(tmp_path, dtype):
+    init = """
+        self.w1 = nn.Parameter(torch.randn(3, 70, 20) / 8)
+        self.b1 = nn.Parameter(torch.randn(3, 1, 20))
+        self.w2 = nn.Parameter(torch.randn(3, 20, 9) / 4)
+        self.b2 = nn.Parameter(torch.randn(3, 1, 9))
+    """
+    forward = """
+        h = torch.relu(torch.baddbmm(self.b1, args[0].expand(3, -1, -1), self.w1))
+        return torch.sigmoid(torch.bmm(h, self.w2) + self.b2)
+    """
+    g = capture_problem(tmp_path, forward, "[torch.randn(33, 70)]", init, dtype)
+    (match,) = find_all(g)
+    assert match.family == "batched_matmul" and sum(op_name(n) == "bmm" for n in match.nodes) == 2
+    template = BatchedSmallTemplate()
+    assert sorted(template.space(match, "cuda")["FUSE"]) == [False, True]
+    check(template, match, g, [{"FUSE": True}, {"FUSE": False}, {"FUSE": True, "BLOCK_N": 32, "BLOCK_M": 32}])
+
+
+def test_dcn_cross_layer(tmp_path):
+    forward = "x0 = args[0]\nx1 = x0 * self.c0(x0) + x0\nreturn x0 * self.c1(x1) + x1"
+    g = capture_problem(tmp_path, forward, "[torch.randn(33, 20)]",
+                        "self.c0 = nn.Linear(20, 20)\nself.c1 = nn.Linear(20, 20)")
+    found = find_all(g)
+    assert [(m.family, m.kind) for m in found] == [("cross", "dcn_cross")] * 2
+    for match in found:
+        assert {"addmm", "mul", "add"} <= ops(match)
+        check(CrossTemplate(), match, g)
+
+
+def test_no_matmul(tmp_path):
+    g = capture_problem(tmp_path, "return torch.relu(args[0]).sum(-1)", "[torch.randn(7, 20)]")
+    assert find_all(g) == []
+
+
+def test_taken_nodes_are_left_alone(tmp_path):
+    g = capture_problem(tmp_path, "return torch.relu(self.fc(args[0]))", "[torch.randn(7, 20)]",
+                        "self.fc = nn.Linear(20, 9)")
+    gemm = next(n for n in g.calls() if op_name(n) == "addmm")
+    assert MatmulTemplate().find(g, {gemm}) == []
+    relu = next(n for n in g.calls() if op_name(n) == "relu")
+    (match,) = MatmulTemplate().find(g, {relu})
+    assert relu not in match.nodes and match.outputs[0] is gemm
+
+
+def test_space_defaults_and_clamping():
+    space = gemm_space({"Bt": 1, "M": 4096, "N": 4096, "K": 4096}, "tl.bfloat16", 1)
+    assert set(space) == set(KNOBS) and all(sorted(space[k]) == sorted(KNOBS[k]) for k in KNOBS)
+    assert space["SPLIT_K"][0] == 1 and space["BLOCK_M"][0] == 128
+    assert gemm_space({"Bt": 1, "M": 16, "N": 64, "K": 65536}, "tl.bfloat16", 1)["SPLIT_K"][0] > 1
+    fp32 = gemm_space({"Bt": 1, "M": 33, "N": 20, "K": 70}, "tl.float32", 1)
+    assert fp32["INPUT_PRECISION"] == ["ieee", "tf32x3"]
+    assert gemm_space({"Bt": 1, "M": 33, "N": 20, "K": 70}, "tl.float32", 1, True)["INPUT_PRECISION"][0] == "tf32"
+    big = fit({"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 128, "num_warps": 4, "num_stages": 5, "SPLIT_K": 8},
+              {"M": 4096, "N": 4096, "K": 4096}, 4, 2)
+    assert 2 * big["BLOCK_M"] * big["BLOCK_N"] <= 128 * 32 * big["num_warps"]
+    assert big["num_stages"] * (big["BLOCK_M"] + 2 * big["BLOCK_N"]) * big["BLOCK_K"] * 4 <= 200 * 1024
+    small = fit({"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3, "SPLIT_K": 8},
+                {"M": 5, "N": 9, "K": 40}, 2, 1)
+    assert (small["BLOCK_M"], small["BLOCK_N"], small["BLOCK_K"], small["SPLIT_K"]) == (16, 16, 64, 1)

@@ -1,0 +1,71 @@
+"""Every benchmark problem loads at its SMALL sizes and its reference runs on the CPU; the suite's helpers hold."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelevolve.problem import as_outputs, build_model, import_module_from_path, load_problem, make_inputs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _suite():
+    spec = importlib.util.spec_from_file_location("bench_suite", ROOT / "bench" / "suite.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_suite"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+suite = _suite()
+PROBLEMS = suite.problem_paths(None)
+
+
+def test_suite_has_the_problems() -> None:
+    assert len(PROBLEMS) >= 22
+    assert all(p.name != "scale_bias_relu.py" for p in PROBLEMS)
+
+
+@pytest.mark.parametrize("path", PROBLEMS, ids=[p.stem for p in PROBLEMS])
+def test_small_problem_runs_on_cpu(path: Path, tmp_path: Path) -> None:
+    small = suite.write_small_copy(path, tmp_path)
+    problem = load_problem(small, "cpu")
+    assert problem.name == path.stem and problem.output_dtypes
+    module = import_module_from_path(small, f"_bench_{path.stem}")
+    model = build_model(module, "Model", 0)
+    with torch.no_grad():
+        outs = as_outputs(model(*make_inputs(module, 1)))
+    assert all(torch.isfinite(o.float()).all() for o in outs if o.is_floating_point())
+
+
+def test_small_source_replaces_only_named_constants() -> None:
+    src = 'ROWS = 4096\nCOLS = 1_024  # wide\nSMALL = {"ROWS": 8, "COLS": 4}\nX = 5\n'
+    out = suite.small_source(src)
+    assert "ROWS = 8\n" in out and "COLS = 4\n" in out and "X = 5" in out
+
+
+def test_small_source_rejects_unknown_name() -> None:
+    with pytest.raises(suite.SuiteError):
+        suite.small_source('ROWS = 4096\nSMALL = {"COLS": 4}\n')
+
+
+def test_problem_selection() -> None:
+    names = [p.stem for p in suite.problem_paths(["layernorm", "softmax_bf16", "dcn_*"])]
+    assert names == ["layernorm_bf16", "layernorm_fp32", "softmax_bf16", "dcn_v2_cross_bf16", "dcn_v2_cross_fp32"]
+    with pytest.raises(suite.SuiteError):
+        suite.problem_paths(["no_such_problem"])
+
+
+def test_speedups_and_summary() -> None:
+    row = {"eager_ms": 2.0, "compile_ms": 1.0, "max_autotune_ms": None, "kernelevolve_ms": 0.5, "floor_ms": 0.1}
+    suite.fill_speedups(row)
+    assert row["best_baseline"] == "compile" and row["speedup_best_baseline"] == 2.0
+    assert row["speedup_max_autotune"] is None and row["floor_fraction"] == pytest.approx(0.2)
+    assert not row["suspect"]
+    summary = suite.summarize([row, {"problem": "x", "status": "error"}])
+    assert summary["fast_1_eager"] == 0.5 and summary["geomean_speedup_compile"] == 2.0
+    assert summary["at_least_best_baseline"] == 1 and summary["errors"] == 1
