@@ -219,6 +219,8 @@ def _body_persistent(g: _Gen, c: int) -> list[str]:
 
 
 def _body_looped(g: _Gen, c: int) -> list[str]:
+    """One pass per reduction, except that amax followed by sum(exp(x - amax)) share one online pass (softmax,
+    log-softmax, cross-entropy: two reads of the row instead of three) and a gather is a direct load of the target."""
     ind, inner = "    ", "        "
     env: dict[fx.Node, str] = {}
     lines: list[str] = []
@@ -227,16 +229,33 @@ def _body_looped(g: _Gen, c: int) -> list[str]:
     chunk = [f"{ind}for c0 in range(0, {c}, BLOCK_C):", f"{inner}cols = c0 + cbase", f"{inner}cmask = cols < {c}",
              f"{inner}mask = rmask & cmask"]
     for r in reds:
-        neutral = "0.0" if op_name(r) in ("sum", "gather") else REDUCTIONS[op_name(r)]
+        if r in env:
+            continue
+        g.ensure(_scalar_ancestors(g, r, env), env, ind, lines, outer_loaded)  # row scalars: once, outside the loop
+        if op_name(r) == "gather":
+            _gather_direct(g, r, env, ind, lines, outer_loaded, c)
+            continue
+        partner = _online_partner(g, r, reds, env)
+        local = dict(env)
+        if partner is not None:
+            src = r.args[0]
+            m, s_ = f"acc_{r.name}", f"acc_{partner.name}"
+            lines += [f"{ind}{m} = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)",
+                      f"{ind}{s_} = tl.zeros([BLOCK_R, 1], tl.float32)"] + chunk
+            g.ensure([src], local, inner, lines, set(outer_loaded))
+            a = local[src]
+            lines += [f"{inner}m_new = tl.maximum({m}, tl.max(tl.where(mask, {a}, float('-inf')), axis=1)[:, None])",
+                      f"{inner}m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
+                      f"{inner}{s_} = {s_} * tl.exp({m} - m_safe) + "
+                      f"tl.sum(tl.where(mask, tl.exp({a} - m_safe), 0.0), axis=1)[:, None]",
+                      f"{inner}{m} = m_new"]
+            env[r], env[partner] = m, s_
+            continue
+        neutral = "0.0" if op_name(r) == "sum" else REDUCTIONS[op_name(r)]
         acc = f"acc_{r.name}"
-        # row scalars the pass needs are computed once, outside the loop
-        scal_deps = _scalar_ancestors(g, r, env)
-        g.ensure(scal_deps, env, ind, lines, outer_loaded)
         lines.append(f"{ind}{acc} = tl.full([BLOCK_R, 1], {neutral}, tl.float32)")
         lines += chunk
-        local = dict(env)
-        loaded = set(outer_loaded)
-        g.ensure(g.inputs_of(r), local, inner, lines, loaded)
+        g.ensure(g.inputs_of(r), local, inner, lines, set(outer_loaded))
         g.node(r, local, inner, lines, acc=acc)
         env[r] = acc
     scal_outs = [o for o in g.m.outputs if not g.vec[o]]
@@ -249,6 +268,67 @@ def _body_looped(g: _Gen, c: int) -> list[str]:
         lines += [_store(g, k, n, local, inner) for k, n in enumerate(g.m.outputs) if g.vec[n]]
     lines += [_store(g, k, n, env, ind) for k, n in enumerate(g.m.outputs) if not g.vec[n]]
     return lines
+
+
+def _online_partner(g: _Gen, r: fx.Node, reds: list[fx.Node], env: dict[fx.Node, str]) -> fx.Node | None:
+    """The sum(exp(x - r)) that can share r's pass, when r = amax(x) and that sum needs no other row scalar."""
+    if op_name(r) != "amax":
+        return None
+    src = r.args[0]
+    for s in reds:
+        e = s.args[0] if op_name(s) == "sum" else None
+        if e is None or op_name(e) != "exp" or e not in g.inside:
+            continue
+        sub = e.args[0]
+        if (isinstance(sub, fx.Node) and op_name(sub) == "sub" and sub in g.inside and sub.args[0] is src
+                and sub.args[1] is r and not sub.kwargs.get("alpha")
+                and not _scalar_ancestors(g, s, {**env, r: "m"})):
+            return s
+    return None
+
+
+def _gather_direct(g: _Gen, r: fx.Node, env: dict[fx.Node, str], ind: str, lines: list[str],
+                   loaded: set[tuple[fx.Node, bool]], c: int) -> None:
+    """gather(f(x, row scalars), idx) along the row is f(x[idx], row scalars): load the picked elements directly."""
+    src, idx = r.args[0], r.args[2]
+    g.ensure([idx], env, ind, lines, loaded)
+    iv = env[idx]
+    chain: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+
+    def visit(n: fx.Node) -> None:
+        if n in seen or n not in g.inside or not g.vec[n]:
+            return
+        seen.add(n)
+        for a in g.inputs_of(n):
+            visit(a)
+        chain.append(n)
+
+    visit(src)
+    genv = dict(env)
+    pick = f"rmask & ({iv} >= 0) & ({iv} < {c})"
+    for n in chain or [src]:
+        for a in (g.inputs_of(n) if n in g.inside else [n]):
+            if a in g.inside or a in genv:
+                continue
+            key = (a, g.reads_squeezed(n) if n in g.inside else False)
+            op = g.loads[key]
+            if op.col_stride == 0:
+                if key not in loaded:
+                    lines.append(g.load(a, key[1], ind))
+                    loaded.add(key)
+                genv[a] = op.var
+                continue
+            row = f"({offset_expr(g.row_sizes, op.row_merged, 'rows')}) + " if op.rowdep else ""
+            col = iv if op.col_stride == 1 else f"{iv} * {op.col_stride}"
+            var = f"{op.var}_at_{r.name}"
+            lines.append(f"{ind}{var} = tl.load({op.var}_ptr + {row}{col}, mask={pick}, other=0).to(tl.float32)")
+            genv[a] = var
+    for n in chain:
+        var = f"g_{r.name}_{n.name}"
+        lines.append(f"{ind}{var} = {expression(n, genv)}")
+        genv[n] = var
+    env[r] = genv[src]
 
 
 def _scalar_ancestors(g: _Gen, n: fx.Node, env: dict[fx.Node, str]) -> list[fx.Node]:
