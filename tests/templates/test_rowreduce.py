@@ -122,3 +122,25 @@ def test_no_reduction_no_match(tmp_path):
 def test_taken_nodes_are_left_alone(tmp_path):
     g = captured(tmp_path, LAYERNORM_SOFTMAX)
     assert RowReduceTemplate().find(g, set(g.calls())) == []
+
+COLUMN_SUM = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return x.sum(0)
+def get_inputs(): return [torch.randn(300, 33)]
+def get_init_inputs(): return []
+"""
+
+
+@pytest.mark.parametrize("split", [1, 3, 8])
+def test_a_lone_sum_splits_along_the_reduced_dim(tmp_path, split):
+    g = captured(tmp_path, COLUMN_SUM)
+    m = _one(g)
+    assert "SPLIT" in RowReduceTemplate().space(m, "cpu")
+    run_match(RowReduceTemplate(), g, m, {"PERSISTENT": False, "SPLIT": split, "BLOCK_C": 16, "BLOCK_R": 16})
+
+
+def test_a_sum_with_an_epilogue_does_not_split(tmp_path):
+    m = [m for m in RowReduceTemplate().find(captured(tmp_path, COLUMNS), set())][0]
+    assert "SPLIT" not in RowReduceTemplate().space(m, "cpu")

@@ -165,13 +165,27 @@ class RowReduceTemplate:
             block_r = [64, 32, 128, 16, 256]
         else:
             block_r = [1, 2, 4, 8, 16] if c >= 512 else [16, 8, 32, 4, 64]
-        return {"PERSISTENT": persistent, "BLOCK_R": block_r, "BLOCK_C": [1024, 2048, 512, 4096, 256, 64],
-                "num_warps": [4, 8, 16, 2, 1], "num_stages": [1, 2, 3]}
+        out = {"PERSISTENT": persistent, "BLOCK_R": block_r, "BLOCK_C": [1024, 2048, 512, 4096, 256, 64],
+               "num_warps": [4, 8, 16, 2, 1], "num_stages": [1, 2, 3]}
+        if splittable(match):
+            # few rows and long reductions leave most SMs idle (1024 rows / 64 per program = 16 programs on 132 SMs)
+            out["SPLIT"] = [16, 1, 4, 8, 32, 64] if rows < 8192 and c >= 4096 else [1, 4, 16, 64]
+            out["PERSISTENT"] = [False] + [p for p in persistent if p is not False]
+            if d != len(full) - 1:
+                out["BLOCK_C"] = [64, 32, 128, 16]
+        return out
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
         from kernelevolve.templates.rowreduce_codegen import render_region
 
         return render_region(match, config, name, _Frame(tuple(match.spec["full"]), match.spec["dim"]))
+
+
+def splittable(match: Match) -> bool:
+    """A lone fp32 sum whose output is the sum itself can be split along the reduced dim, finished by atomic adds."""
+    reds = [n for n in match.nodes if _reduced_dim(n) is not None or op_name(n) == "gather"]
+    return (len(reds) == 1 and op_name(reds[0]) == "sum" and match.outputs == reds
+            and dtype(reds[0]) == torch.float32)
 
 
 def _pow2(n: int) -> int:

@@ -172,9 +172,13 @@ def render_region(match: Any, config: dict[str, Any], name: str, frame: _Frame) 
         block_r = max(1, min(block_r, MAX_TILE // block_c))
     else:
         block_c = max(16, min(int(config["BLOCK_C"]), _pow2(c)))
-    lines = _body_persistent(g, c) if persistent else _body_looped(g, c)
+    split = int(config.get("SPLIT", 1)) if not persistent else 1
+    span = triton_cdiv(triton_cdiv(c, split), block_c) * block_c
+    split = triton_cdiv(c, span)
+    lines = _body_persistent(g, c) if persistent else _body_looped(g, c, span if split > 1 else None)
     ptrs = [f"{o.var}_ptr" for o in g.loads.values()] + [f"{o.var}_ptr" for o in g.outs]
-    outs = ", ".join(f"torch.empty({list(shape(n))!r}, dtype={dtype(n)}, device=_dev)" for n in match.outputs)
+    alloc = "torch.zeros" if split > 1 else "torch.empty"
+    outs = ", ".join(f"{alloc}({list(shape(n))!r}, dtype={dtype(n)}, device=_dev)" for n in match.outputs)
     ins = [g.loads[(a, sq)].var for (a, sq) in g.loads]
     args = {a: f"x{i}" for i, a in enumerate(match.inputs)}
     call = ", ".join(args[a] for (a, _sq) in g.loads)
@@ -192,10 +196,14 @@ def {name}({", ".join(args.values())}):
     _dev = x0.device
     {"; ".join(f"x{i} = x{i}.contiguous()" for i in range(len(args)))}
     outs = ({outs},)
-    {name}_kernel[(triton.cdiv({rows}, {block_r}),)]({call}{", " if ins else ""}*outs, BLOCK_R={block_r}, BLOCK_C={block_c},
+    {name}_kernel[(triton.cdiv({rows}, {block_r}), {split})]({call}{", " if ins else ""}*outs, BLOCK_R={block_r}, BLOCK_C={block_c},
         num_warps={int(config["num_warps"])}, num_stages={int(config.get("num_stages", 1))})
     return outs
 '''
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _store(g: _Gen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str) -> str:
@@ -218,7 +226,7 @@ def _body_persistent(g: _Gen, c: int) -> list[str]:
     return lines
 
 
-def _body_looped(g: _Gen, c: int) -> list[str]:
+def _body_looped(g: _Gen, c: int, span: int | None = None) -> list[str]:
     """One pass per reduction, except that amax followed by sum(exp(x - amax)) share one online pass (softmax,
     log-softmax, cross-entropy: two reads of the row instead of three) and a gather is a direct load of the target."""
     ind, inner = "    ", "        "
@@ -228,6 +236,10 @@ def _body_looped(g: _Gen, c: int) -> list[str]:
     reds = [n for n in g.region if _reduced_dim(n) is not None or op_name(n) == "gather"]
     chunk = [f"{ind}for c0 in range(0, {c}, BLOCK_C):", f"{inner}cols = c0 + cbase", f"{inner}cmask = cols < {c}",
              f"{inner}mask = rmask & cmask"]
+    if span is not None:  # this program's share of the reduced dim; the partial sums meet in atomic adds
+        lines += [f"{ind}c_lo = tl.program_id(1) * {span}", f"{ind}c_hi = tl.minimum(c_lo + {span}, {c})"]
+        chunk[0] = f"{ind}for c0 in range(c_lo, c_hi, BLOCK_C):"
+        chunk[2] = f"{inner}cmask = cols < c_hi"
     for r in reds:
         if r in env:
             continue
@@ -267,6 +279,8 @@ def _body_looped(g: _Gen, c: int) -> list[str]:
         g.ensure(vec_outs, local, inner, lines, set(outer_loaded))
         lines += [_store(g, k, n, local, inner) for k, n in enumerate(g.m.outputs) if g.vec[n]]
     lines += [_store(g, k, n, env, ind) for k, n in enumerate(g.m.outputs) if not g.vec[n]]
+    if span is not None:
+        lines = [line.replace("tl.store(", "tl.atomic_add(") if "tl.store(" in line else line for line in lines]
     return lines
 
 
