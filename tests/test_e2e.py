@@ -57,6 +57,22 @@ def test_optimize_writes_verified_best(tmp_path: Path) -> None:
     assert "https://" not in html and "http://" not in html
 
 
+def test_template_proposer_writes_a_verified_triton_kernel(tmp_path: Path) -> None:
+    """Interpreter timings cannot rank Triton candidates on the CPU, so best.py is the first verified one."""
+    out, db = tmp_path / "out", tmp_path / "ke.db"
+    proc = subprocess.run(CLI + ["optimize", str(EXAMPLE), "--proposer", "template", "--max-evals", "2", "--db",
+                                 str(db), "--out", str(out)] + FAST,
+                          capture_output=True, text=True, timeout=900, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    best = out / "best.py"
+    assert best.is_file() and "@triton.jit" in best.read_text()
+    assert "kernelevolve import" not in best.read_text()
+    check = subprocess.run(CLI + ["check", str(EXAMPLE), str(best), "--no-baseline", "--json"] + FAST,
+                           capture_output=True, text=True, timeout=600)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert '"status": "ok"' in check.stdout
+
+
 def _evaluated(db: Path) -> int:
     if not db.exists():
         return 0

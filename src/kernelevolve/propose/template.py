@@ -23,11 +23,11 @@ log = logging.getLogger(__name__)
 
 # (module, class) in the order families claim regions: the bigger pattern wins.
 FAMILIES: list[tuple[str, str]] = [
+    ("kernelevolve.templates.matmul", "BatchedSmallTemplate"),  # a small fused 2-layer chain, before attention
     ("kernelevolve.templates.attention", "AttentionTemplate"),
     ("kernelevolve.templates.interaction", "InteractionTemplate"),
     ("kernelevolve.templates.segment", "SegmentTemplate"),
     ("kernelevolve.templates.matmul", "DualGemmTemplate"),
-    ("kernelevolve.templates.matmul", "BatchedSmallTemplate"),
     ("kernelevolve.templates.matmul", "CrossTemplate"),
     ("kernelevolve.templates.matmul", "MatmulTemplate"),
     ("kernelevolve.templates.rowreduce", "RowReduceTemplate"),
