@@ -1,0 +1,153 @@
+"""SegmentTemplate: embedding bags and segment reductions, in every spelling, against the ATen reference."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import textwrap  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernelevolve.analyze.graph import capture, node_values, op_name  # noqa: E402
+from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS  # noqa: E402
+from kernelevolve.problem import load_problem  # noqa: E402
+from kernelevolve.templates.base import FILE_HEADER, load_source  # noqa: E402
+from kernelevolve.templates.segment import SegmentTemplate  # noqa: E402
+
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 2e-2), torch.bfloat16: (2e-2, 2e-2)}
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Model(nn.Module):\n" \
+       "    def __init__(self):\n        super().__init__()\n        self.w = nn.Parameter(torch.randn(50, 33))\n\n"
+TAIL = "\n\ndef get_init_inputs():\n    return []\n"
+
+IDX = "torch.randint(0, 50, (21,))"
+LENGTHS = "torch.tensor([3, 0, 7, 5, 6, 0])"  # 21 indices, empty bags inside and at the end
+OFFSETS = "torch.tensor([0, 3, 3, 10, 15, 21])"
+# name: (forward arguments, forward body, inputs, ops the matches must hold, number of matches)
+CASES = {
+    "bag_mean_relu": ("idx, off", "return torch.relu(F.embedding_bag(idx, self.w, off, mode='mean'))",
+                      f"{IDX}, {OFFSETS}", {"_embedding_bag_forward_only", "relu"}, 1),
+    "bag_sum_psw_last": ("idx, off, psw", "return F.embedding_bag(idx, self.w, off, mode='sum', "
+                         "per_sample_weights=psw, include_last_offset=True)",
+                         f"{IDX}.int(), {OFFSETS}.int(), torch.rand(21)", {"_embedding_bag_forward_only"}, 1),
+    "bag_max_2d_padding": ("idx", "return F.embedding_bag(idx, self.w, mode='max', padding_idx=3)",
+                           "torch.randint(0, 5, (7, 3))", {"_embedding_bag_forward_only", "arange", "view"}, 1),
+    "bag_bf16_mean": ("idx, off", "return F.embedding_bag(idx, self.w.bfloat16(), off, mode='mean')",
+                      f"{IDX}, {OFFSETS}", {"_embedding_bag_forward_only"}, 1),
+    "index_add_lengths_mean": (
+        "idx, lengths",
+        "rows = self.w.index_select(0, idx)\n"
+        "seg = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)\n"
+        "out = torch.zeros(lengths.shape[0], 33).index_add_(0, seg, rows)\n"
+        "return out / lengths.clamp(min=1).unsqueeze(1)", f"{IDX}, {LENGTHS}",
+        {"index_select", "repeat_interleave", "index_put_", "clamp", "div"}, 1),
+    "scatter_add_sorted_ids": (
+        "idx, seg", "rows = F.embedding(idx, self.w)\n"
+        "return torch.zeros(6, 33).scatter_add(0, seg.unsqueeze(1).expand(-1, 33), rows)",
+        f"{IDX}, torch.sort(torch.randint(0, 5, (21,)))[0]", {"embedding", "scatter_add", "expand"}, 1),
+    "index_put_unsorted_psw": (
+        "idx, seg, psw",
+        "return torch.zeros(6, 33).index_put_((seg,), self.w[idx] * psw.unsqueeze(1), accumulate=True)",
+        f"{IDX}, torch.randint(0, 6, (21,)), torch.rand(21)", {"index", "mul", "index_put_"}, 1),
+    "scatter_reduce_amax_mean": (
+        "idx, seg", "z = torch.full((6, 33), 0.5)\n"
+        "a = z.scatter_reduce(0, seg[:, None].expand(-1, 33), self.w[idx], 'amax', include_self=False)\n"
+        "b = z.scatter_reduce(0, seg[:, None].expand(-1, 33), self.w[idx], 'mean')\n"
+        "return a, b", f"{IDX}, torch.randint(0, 5, (21,))", {"scatter_reduce"}, 2),
+    "segment_reduce_jagged": (
+        "v, lengths, off", "return torch.segment_reduce(v, 'min', lengths=lengths) * 2.0, "
+        "torch.segment_reduce(v, 'mean', offsets=off, initial=1.5)",
+        f"torch.randn(21, 33), {LENGTHS}, {OFFSETS}", {"segment_reduce", "mul"}, 2),
+    "fixed_mean_bf16": ("idx", "return F.embedding(idx, self.w.bfloat16()).mean(dim=1)",
+                        "torch.randint(0, 50, (7, 5))", {"embedding", "sum", "div"}, 1),
+    "fixed_amax_keepdim": ("idx", "return self.w[idx.view(-1)].view(7, 3, 33).amax(1, keepdim=True)",
+                           "torch.randint(0, 50, (7, 3))", {"index", "amax"}, 1),
+    "bag_max_epilogue": ("idx, off, bias, z",
+                         "return torch.sigmoid(F.embedding_bag(idx, self.w, off, mode='max') + bias) * z",
+                         f"{IDX}, {OFFSETS}, torch.randn(33), torch.randn(6, 33)", {"add", "sigmoid", "mul"}, 1),
+}
+NEGATIVE = {
+    "gather_only": ("idx", "return torch.relu(F.embedding(idx, self.w))", "torch.randint(0, 50, (4, 7))"),
+    "index_put_no_accumulate": ("idx, seg", "return torch.zeros(5, 33).index_put_((seg,), self.w[idx])",
+                                "torch.randint(0, 50, (5,)), torch.randperm(5)"),
+    "dense_sum": ("v", "return v.sum(1)", "torch.randn(4, 5, 33)"),
+    "integer_counts": ("v, seg", "return torch.zeros(5, 4, dtype=torch.long).index_put_((seg,), v, accumulate=True)",
+                       "torch.randint(0, 9, (6, 4)), torch.randint(0, 5, (6,))"),
+}
+
+
+def make(tmp_path, name: str, args: str, forward: str, inputs: str):
+    body = textwrap.indent(forward, " " * 8)
+    source = HEAD + f"    def forward(self, {args}):\n{body}\n\n\ndef get_inputs():\n    return [{inputs}]\n" + TAIL
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return capture(load_problem(path))
+
+
+def configs(template, match):
+    space = template.space(match, "cpu")
+    picks = [{k: v[0] for k, v in space.items()}, {k: v[-1] for k, v in space.items()},
+             {k: v[min(1, len(v) - 1)] for k, v in space.items()}]
+    return [dict(c) for c in {tuple(sorted(c.items())) for c in picks}]
+
+
+def run(match, config, args):
+    source = FILE_HEADER + PRELUDE_IMPORTS + "\n" + PRELUDE + SegmentTemplate().render(match, config, "seg0")
+    return load_source(source).seg0(*args)
+
+
+def check(outs, refs):
+    assert len(outs) == len(refs)
+    for out, ref in zip(outs, refs):
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        atol, rtol = TOL[ref.dtype]
+        torch.testing.assert_close(out, ref, atol=atol, rtol=rtol, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_finds_and_matches_reference(tmp_path, name):
+    args, forward, inputs, ops, count = CASES[name]
+    g = make(tmp_path, name, args, forward, inputs)
+    template = SegmentTemplate()
+    matches = template.find(g, set())
+    assert len(matches) == count
+    assert ops <= {op_name(n) for m in matches for n in m.nodes}
+    values = node_values(g)
+    for m in matches:
+        assert m.kind == "segment_reduction"
+        for config in configs(template, m):
+            check(run(m, config, [values[n] for n in m.inputs]), [values[n] for n in m.outputs])
+
+
+@pytest.mark.parametrize("name", list(NEGATIVE))
+def test_ignores_other_graphs(tmp_path, name):
+    g = make(tmp_path, name, *NEGATIVE[name])
+    assert SegmentTemplate().find(g, set()) == []
+
+
+def test_skips_taken_nodes(tmp_path):
+    g = make(tmp_path, "taken", *CASES["bag_mean_relu"][:3])
+    assert SegmentTemplate().find(g, set(g.calls())) == []
+
+
+def test_unsorted_ids_at_run_time(tmp_path):
+    """Ids traced sorted, run in any order: the launcher sorts, it assumes no order."""
+    g = make(tmp_path, "ids", *CASES["scatter_add_sorted_ids"][:3])
+    (m,) = SegmentTemplate().find(g, set())
+    table, idx = g.example[0][0], g.example[1]
+    seg = torch.tensor([4, 0, 2, 2, 5, 0, 1, 3, 3, 4, 0, 1, 2, 5, 5, 3, 1, 0, 4, 2, 1])
+    by_placeholder = dict(zip(g.placeholders(), [table, idx, seg]))
+    ref = torch.zeros(6, 33).index_add_(0, seg, table[idx])
+    check(run(m, {}, [by_placeholder[n] for n in m.inputs]), [ref])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(CASES))
+def test_cuda_matches_reference(tmp_path, name):
+    g = make(tmp_path, name, *CASES[name][:3])
+    template = SegmentTemplate()
+    values = node_values(g)
+    for m in template.find(g, set()):
+        args = [values[n].cuda() for n in m.inputs]
+        for config in configs(template, m):
+            check([o.cpu() for o in run(m, config, args)], [values[n] for n in m.outputs])
