@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != "1" ]; then
-  python3 -m pytest -q -m gpu tests/gpu/test_templates_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/template_gpu_tests.log" | tail -15
+  TRITON_INTERPRET=0 python3 -m pytest -q -m gpu tests/gpu/test_templates_gpu.py tests/templates -p no:cacheprovider 2>&1 | tee "$OUT/template_gpu_tests.log" | tail -15
 fi
 # shellcheck disable=SC2086
 python3 bench/suite.py --device cuda --gpus "$GPUS" --budget-s "${BUDGET:-60}" --max-evals "${MAX_EVALS:-40}" \
