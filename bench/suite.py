@@ -171,6 +171,11 @@ def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
                    floor_ms=prof.get("floor_ms"), floor_source=prof.get("ceilings_source"), bound=prof.get("bound"),
                    dtype=prof.get("dtype", row["dtype"]), run_id=outcome.run_id)
         row.update(best_found(store, outcome.run_id))
+        if row.get("kernelevolve_ms") is not None and row.get("eager_ms") and row["kernelevolve_ms"] > row["eager_ms"]:
+            # the run returns the reference itself when no candidate beats eager (best.py says so)
+            row.update(kernelevolve_ms=row["eager_ms"], best_proposer="reference", best_label="eager",
+                       slowest_candidate_ms=row["kernelevolve_ms"])
+            row["notes"].append("no candidate beat eager: the run returned the reference")
         fill_speedups(row)
         row["status"] = "ok" if row.get("kernelevolve_ms") is not None else "no verified timed kernel"
         if base.get("error"):

@@ -81,3 +81,18 @@ def test_empty_and_sparse_views_render() -> None:
 def test_single_timed_point_renders() -> None:
     html = render_report(_view([_node(1, "ok", runtime_ms=0.02, timed=True, speedup_eager=2.5)]))
     assert "<circle" in html and "<polyline" in html
+
+
+def test_best_is_the_reference_when_nothing_beats_eager():
+    from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
+    from kernelevolve.optimize import _best_view
+
+    slow = {"id": 3, "source": "class ModelNew: ...", "result": Result(
+        Status.OK, "verified", timing=Timing.from_samples([2.0], "cuda-events"), timed=True)}
+    eager = Baseline("cuda", Timing.from_samples([1.0], "cuda-events"), None)
+    view = _best_view(slow, "fastest timed candidate", eager, "class Model: ...")
+    assert view["reference"] and view["node"] is None
+    assert "class Model: ..." in view["source"] and "class ModelNew(Model)" in view["source"]
+    fast = dict(slow, result=Result(Status.OK, "verified", timing=Timing.from_samples([0.5], "cuda-events"),
+                                    timed=True))
+    assert _best_view(fast, "fastest timed candidate", eager, "class Model: ...")["node"] == 3

@@ -89,6 +89,9 @@ def _print_outcome(console: Any, outcome: Any, db: str) -> None:
                       f"{_fmt_ms(b.compiled.median_ms if b.compiled else None)}", markup=False)
     if best is None:
         console.print("no candidate was verified; no best.py written", markup=False)
+    elif best.timed and b is not None and b.eager is not None and best.runtime_ms > b.eager.median_ms:
+        console.print(f"no candidate beat eager (the fastest took {_fmt_ms(best.runtime_ms)}, "
+                      f"{_fmt_x(best.speedup_eager)} vs eager): best.py is the reference itself", markup=False)
     else:
         console.print(f"best ({outcome.search.best_why}): {_fmt_ms(best.runtime_ms)}; speedup "
                       f"{_fmt_x(best.speedup_eager)} vs eager, {_fmt_x(best.speedup_compile)} vs torch.compile",

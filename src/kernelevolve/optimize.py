@@ -167,10 +167,31 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
             "eager_ms": baseline.eager.median_ms if baseline.eager else None,
             "compile_ms": baseline.compiled.median_ms if baseline.compiled else None,
             "compile_s": baseline.compile_s, "error": baseline.error},
-        "best": {"node": best["id"], "source": best["source"], "why": why} if best else {"node": None, "source": "",
-                                                                                        "why": why},
+        "best": _best_view(best, why, baseline, problem["source"]),
         "nodes": nodes,
     }
+
+
+REFERENCE_CANDIDATE = '''"""The reference itself: no candidate of this run beat eager PyTorch on this device."""
+{source}
+
+
+class ModelNew(Model):
+    pass
+'''
+
+
+def _best_view(best: dict[str, Any] | None, why: str, baseline: Baseline | None, source: str) -> dict[str, Any]:
+    """The best node, or the reference itself when the fastest verified candidate is slower than eager."""
+    if best is None:
+        return {"node": None, "source": "", "why": why}
+    eager = baseline.eager.median_ms if baseline is not None and baseline.eager else None
+    r = best["result"]
+    if eager is not None and r.timed and r.runtime_ms is not None and r.runtime_ms > eager:
+        return {"node": None, "reference": True, "source": REFERENCE_CANDIDATE.format(source=source.rstrip()),
+                "why": f"no candidate beat eager ({eager:.4g} ms; the fastest took {r.runtime_ms:.4g} ms, node "
+                       f"{best['id']}): best.py is the reference itself"}
+    return {"node": best["id"], "source": best["source"], "why": why}
 
 
 def _node_view(node: dict[str, Any], baseline: Baseline | None) -> dict[str, Any]:
@@ -197,7 +218,7 @@ def write_outputs(store: Store, run_id: int, out_dir: Path) -> dict[str, Path]:
     view = report_view(store, run_id)
     files = {"report": write_report(view, out_dir / "report.html")}
     best = view["best"]
-    if best and best.get("node") is not None:
+    if best and best.get("source"):
         path = out_dir / "best.py"
         path.write_text(best["source"])
         files["best"] = path

@@ -186,7 +186,10 @@ def _best(best: dict | None) -> str:
     if not best:
         return f"<h2>Best candidate</h2><p>{NONE}</p>"
     node = best.get("node")
-    link = f'<a href="#node-{_e(node)}">node {_e(node)}</a>' if node is not None else NONE
+    if node is not None:
+        link = f'<a href="#node-{_e(node)}">node {_e(node)}</a>'
+    else:
+        link = "the reference" if best.get("reference") else NONE
     return f"<h2>Best candidate</h2><p>{link}: {_e(best.get('why'))}</p>{_code(best.get('source'))}"
 
 
