@@ -53,6 +53,21 @@ CASES = {
         "return torch.cat([dense, Z[:, li, lj]], dim=1)",
         "torch.randn(9, 16).bfloat16(), torch.randn(9, 16).bfloat16(), torch.randn(9, 16).bfloat16()",
         {"bmm", "view", "cat"}),
+    "einsum_flat_index_select_bf16": (
+        "self.register_buffer('pairs', torch.tensor([i * 6 + j for i in range(6) for j in range(i)]), "
+        "persistent=False)", "dense, sparse",
+        "features = torch.cat([dense.unsqueeze(1), sparse], dim=1)\n"
+        "dots = torch.einsum('bid,bjd->bij', features, features)\n"
+        "return torch.cat([dense, dots.flatten(1).index_select(1, self.pairs)], dim=1)",
+        "torch.randn(7, 33).bfloat16(), torch.randn(7, 5, 33).bfloat16()", {"bmm", "index_select", "cat", "unsqueeze"}),
+    "take_along_dim_negative_buffer": (
+        "self.register_buffer('pairs', torch.tensor([1, -3, 7, 24, -25, 12, 0]))", "x",
+        "z = torch.einsum('bid,bjd->bij', x, x)\nreturn torch.take_along_dim(z.flatten(1), self.pairs[None, :], dim=1)",
+        "torch.randn(3, 5, 19)", {"bmm", "gather", "remainder", "expand"}),
+    "gather_constant_pairs": (
+        "", "x", "z = torch.bmm(x, x.transpose(1, 2))\nli, lj = torch.tril_indices(5, 5, -1)\n"
+        "return torch.gather(z.flatten(1), 1, (li * 5 + lj).expand(x.shape[0], -1))",
+        "torch.randn(1, 5, 17)", {"bmm", "gather", "tril_indices"}),
     "fm_sum_over_d": ("", "x", "s = x.sum(dim=1)\nreturn 0.5 * (s * s - (x * x).sum(dim=1)).sum(dim=1, keepdim=True)",
                       "torch.randn(7, 13, 33)", {"sum", "sub", "mul"}),
     "fm_keepdim_bf16": (
@@ -63,6 +78,7 @@ CASES = {
                        "return (0.5 * (s.pow(2) - x.pow(2).sum(dim=1))).sum(dim=-1)",
                        "torch.randn(7, 13, 33).bfloat16()", {"_to_copy", "sub", "sum"}),
 }
+WHOLE = {"einsum_flat_index_select_bf16", "take_along_dim_negative_buffer", "gather_constant_pairs"}  # no ATen left
 NEGATIVE = {
     "two_tensors": ("x, y", "Z = torch.bmm(x, y.transpose(1, 2))\nli, lj = torch.tril_indices(5, 5, -1)\n"
                     "return Z[:, li, lj]", "torch.randn(3, 5, 8), torch.randn(3, 5, 8)"),
@@ -70,6 +86,10 @@ NEGATIVE = {
                        "torch.randn(3, 8, 8)"),
     "fm_two_tensors": ("x, y", "return x.sum(1) ** 2 - (y * y).sum(1)", "torch.randn(3, 5, 8), torch.randn(3, 5, 8)"),
     "plain_bmm": ("x", "return torch.bmm(x, x.transpose(1, 2))", "torch.randn(3, 5, 8)"),
+    "gather_per_row_pairs": ("x, p", "z = torch.bmm(x, x.transpose(1, 2))\nreturn torch.gather(z.flatten(1), 1, p)",
+                             "torch.randn(3, 5, 8), torch.randint(0, 25, (3, 4))"),
+    "index_select_rows": ("x, p", "z = torch.bmm(x, x.transpose(1, 2))\nreturn z.index_select(1, p)",
+                          "torch.randn(3, 5, 8), torch.tensor([0, 2])"),
 }
 
 
@@ -111,6 +131,7 @@ def test_finds_and_matches_reference(tmp_path, name):
     assert m.kind == "pairwise_interaction"
     assert ops <= {op_name(n) for n in m.nodes}
     assert m.outputs == g.outputs()
+    assert name not in WHOLE or set(m.nodes) == set(g.calls())
     values = node_values(g)
     for config in configs(template, m):
         check(run(m, config, [values[n] for n in m.inputs]), [values[n] for n in m.outputs])
@@ -133,6 +154,18 @@ def test_index_inputs_are_read_at_run_time(tmp_path):
     Z = torch.bmm(T, T.transpose(1, 2))
     out = run(m, {}, [by_placeholder[n] for n in m.inputs])
     check(out[:1], [torch.cat([dense, Z[:, li, lj]], dim=1)])
+
+
+def test_flat_pairs_buffer_read_at_run_time(tmp_path):
+    """The problem's flat triangle buffer is an input: other positions give their own dots."""
+    g = make(tmp_path, "flat", *CASES["einsum_flat_index_select_bf16"][:4])
+    (m,) = InteractionTemplate().find(g, set())
+    pairs = torch.tensor([35, 0, 7, 14, 29, 1, 6, 30, 12, 13, 21, 8, 2, 33, 18])
+    dense, sparse = g.example[1], g.example[2]
+    by_placeholder = dict(zip(g.placeholders(), [pairs, dense, sparse]))
+    t = torch.cat([dense.unsqueeze(1), sparse], dim=1)
+    ref = torch.cat([dense, torch.einsum('bid,bjd->bij', t, t).flatten(1).index_select(1, pairs)], dim=1)
+    check(run(m, {}, [by_placeholder[n] for n in m.inputs]), [ref])
 
 
 @pytest.mark.gpu

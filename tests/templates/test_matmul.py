@@ -170,6 +170,37 @@ def test_two_layer_towers(tmp_path, dtype):
     check(template, match, g, [{"FUSE": True}, {"FUSE": False}, {"FUSE": True, "BLOCK_N": 32, "BLOCK_M": 32}])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_towers_claimed_whole(tmp_path, dtype):
+    """Half baddbmm layers trace as up-casts, fp32 bmm, bias add and a down-cast: one match holds them all (the bias
+    casts too), and its dots run on the half tiles."""
+    init = """
+        self.w1 = nn.Parameter(torch.randn(3, 20, 20) / 4)
+        self.b1 = nn.Parameter(torch.randn(3, 1, 20) * 0.1)
+        self.w2 = nn.Parameter(torch.randn(3, 20, 20) / 4)
+        self.b2 = nn.Parameter(torch.randn(3, 1, 20) * 0.1)
+    """
+    forward = """
+        h = torch.relu(torch.baddbmm(self.b1, args[0], self.w1))
+        return torch.relu(torch.baddbmm(self.b2, h, self.w2))
+    """
+    g = capture_problem(tmp_path, forward, "[torch.randn(3, 33, 20)]", init, dtype)
+    (match,) = find_all(g)
+    assert match.family == "batched_matmul" and set(match.nodes) == set(g.calls())
+    assert all(st["dot"] != "tl.float32" for st in match.spec["stages"])
+    template = BatchedSmallTemplate()
+    check(template, match, g, [{"FUSE": True}, {"FUSE": False}, {"FUSE": False, "BLOCK_M": 32, "BLOCK_K": 32}])
+
+
+def test_bias_cast_read_in_kernel(tmp_path):
+    init = "self.w = nn.Parameter(torch.randn(20, 70) / 8)\nself.b = nn.Parameter(torch.randn(20))"
+    g = capture_problem(tmp_path, "return torch.relu(args[0] @ self.w.t() + self.b.half().float())",
+                        "[torch.randn(33, 70)]", init)
+    (match,) = find_all(g)
+    assert set(match.nodes) == set(g.calls()) and "_to_copy" in ops(match)
+    check(MatmulTemplate(), match, g)
+
+
 def test_dcn_cross_layer(tmp_path):
     forward = "x0 = args[0]\nx1 = x0 * self.c0(x0) + x0\nreturn x0 * self.c1(x1) + x1"
     g = capture_problem(tmp_path, forward, "[torch.randn(33, 20)]",

@@ -64,7 +64,28 @@ CASES = {
     "bag_max_epilogue": ("idx, off, bias, z",
                          "return torch.sigmoid(F.embedding_bag(idx, self.w, off, mode='max') + bias) * z",
                          f"{IDX}, {OFFSETS}, torch.randn(33), torch.randn(6, 33)", {"add", "sigmoid", "mul"}, 1),
+    "searchsorted_ids_bincount_mean": (
+        "indices, offsets", "rows = self.w.index_select(0, indices)\n"
+        "positions = torch.arange(indices.numel(), device=indices.device)\n"
+        "bag = torch.searchsorted(offsets, positions, right=True) - 1\n"
+        "sums = torch.zeros(offsets.numel(), rows.shape[1], dtype=rows.dtype, device=rows.device)\n"
+        "sums.index_add_(0, bag, rows)\ncounts = torch.bincount(bag, minlength=offsets.numel()).clamp(min=1)\n"
+        "return sums / counts.unsqueeze(1).to(sums.dtype)", f"{IDX}, {OFFSETS}",
+        {"index_select", "arange", "searchsorted", "index_put_", "bincount", "div"}, 1),
+    "jagged_searchsorted_lengths_bf16": (
+        "values, offsets", "positions = torch.arange(values.shape[0], device=values.device)\n"
+        "segment = torch.searchsorted(offsets, positions, right=True) - 1\n"
+        "sums = torch.zeros(offsets.numel() - 1, values.shape[1], dtype=torch.float32, device=values.device)\n"
+        "sums.index_add_(0, segment, values.float())\nlengths = (offsets[1:] - offsets[:-1]).clamp(min=1)\n"
+        "return (sums / lengths.unsqueeze(1)).to(values.dtype)",
+        f"torch.randn(21, 33).bfloat16(), {OFFSETS}", {"searchsorted", "index_put_", "slice", "sub", "div"}, 1),
+    "bucketize_diff_scatter": (
+        "v, off", "seg = torch.bucketize(torch.arange(v.shape[0]), off, right=True) - 1\n"
+        "s = torch.zeros(off.numel() - 1, 33).scatter_add(0, seg[:, None].expand(-1, 33), v)\n"
+        "return s / torch.diff(off).clamp(min=1)[:, None]",
+        f"torch.randn(21, 33), {OFFSETS}.int()", {"bucketize", "scatter_add", "slice", "div"}, 1),
 }
+WHOLE = {"searchsorted_ids_bincount_mean", "jagged_searchsorted_lengths_bf16", "bucketize_diff_scatter"}
 NEGATIVE = {
     "gather_only": ("idx", "return torch.relu(F.embedding(idx, self.w))", "torch.randint(0, 50, (4, 7))"),
     "index_put_no_accumulate": ("idx, seg", "return torch.zeros(5, 33).index_put_((seg,), self.w[idx])",
@@ -111,6 +132,7 @@ def test_finds_and_matches_reference(tmp_path, name):
     matches = template.find(g, set())
     assert len(matches) == count
     assert ops <= {op_name(n) for m in matches for n in m.nodes}
+    assert name not in WHOLE or {n for m in matches for n in m.nodes} == set(g.calls())
     values = node_values(g)
     for m in matches:
         assert m.kind == "segment_reduction"
@@ -138,6 +160,45 @@ def test_unsorted_ids_at_run_time(tmp_path):
     by_placeholder = dict(zip(g.placeholders(), [table, idx, seg]))
     ref = torch.zeros(6, 33).index_add_(0, seg, table[idx])
     check(run(m, {}, [by_placeholder[n] for n in m.inputs]), [ref])
+
+
+@pytest.mark.parametrize("offsets", [[0, 3, 3, 10, 15, 21], [0, 0, 0, 4, 9, 9], [0, 5, 21, 21, 21, 21],
+                                     [0, 2, 4, 6, 8, 10], [0, 0, 0, 0, 0, 0]])
+def test_offset_built_ids_at_run_time(tmp_path, offsets):
+    """Ids built from offsets are the offsets: empty bags anywhere, the last bag running to the end of the indices,
+    means that divide by the bag's count (clamped to 1) as bincount gives it."""
+    g = make(tmp_path, "offsets", *CASES["searchsorted_ids_bincount_mean"][:3])
+    (m,) = SegmentTemplate().find(g, set())
+    assert m.spec["bags"] == "offsets" and not m.spec["include_last"]
+    table, idx, off = g.example[0][0], g.example[1], torch.tensor(offsets)
+    by_placeholder = dict(zip(g.placeholders(), [table, idx, off]))
+    bag = torch.searchsorted(off, torch.arange(21), right=True) - 1
+    counts = torch.bincount(bag, minlength=6).clamp(min=1)
+    ref = torch.zeros(6, 33).index_add_(0, bag, table[idx]) / counts.unsqueeze(1).float()
+    check(run(m, {}, [by_placeholder[n] for n in m.inputs]), [ref])
+
+
+def test_jagged_offsets_at_run_time(tmp_path):
+    g = make(tmp_path, "jagged", *CASES["jagged_searchsorted_lengths_bf16"][:3])
+    (m,) = SegmentTemplate().find(g, set())
+    assert m.spec["bags"] == "offsets" and m.spec["include_last"] and m.spec["counts"]
+    values, off = g.example[1], torch.tensor([0, 0, 7, 7, 20, 21])
+    seg = torch.searchsorted(off, torch.arange(21), right=True) - 1
+    sums = torch.zeros(5, 33).index_add_(0, seg, values.float())
+    ref = (sums / (off[1:] - off[:-1]).clamp(min=1).unsqueeze(1)).to(values.dtype)
+    by_placeholder = dict(zip(g.placeholders(), [g.example[0][0], values, off]))
+    check(run(m, {"BLOCK_L": 8}, [by_placeholder[n] for n in m.inputs]), [ref])
+
+
+def test_counts_used_elsewhere_stay_outside(tmp_path):
+    """The bag counts are also a result: the pooling is still claimed, the counts stay with ATen."""
+    g = make(tmp_path, "counts_out", "v, off", "seg = torch.searchsorted(off, torch.arange(21), right=True) - 1\n"
+             "n = torch.bincount(seg, minlength=6)\nreturn torch.zeros(6, 33).index_add_(0, seg, v) / n[:, None], n",
+             f"torch.randn(21, 33), {OFFSETS}")
+    (m,) = SegmentTemplate().find(g, set())
+    assert "bincount" not in {op_name(n) for n in m.nodes}
+    values = node_values(g)
+    check(run(m, {}, [values[n] for n in m.inputs]), [values[n] for n in m.outputs])
 
 
 @pytest.mark.gpu

@@ -1,10 +1,12 @@
 """Feature interactions of recommendation models: the DLRM pairwise dot and the FM second-order term.
 
 DLRM: ``bmm(T, T^T)`` (or the same ``einsum('bnd,bmd->bnm')``) where both operands are views of one [B, F, D] tensor,
-then ``Z[:, li, lj]`` with index pairs that are graph constants (``tril_indices``, a lifted list) or inputs, then
-optionally ``cat([dense, ..., pairs], 1)``. One program takes BLOCK_B batch rows: it loads each row's [F, D] block once
-(from the pieces of the ``cat`` that built T, read in place), forms Z with ``tl.dot``, gathers the pairs from registers
-and writes them straight into their columns of the output, next to the copied dense columns.
+then ``Z[:, li, lj]``, or on Z flattened to [B, F*F] ``[:, flat]``/``index_select(1, flat)``/``gather`` with one
+position row for every batch row (``take_along_dim``), with index pairs that are graph constants (``tril_indices``, a
+lifted list) or inputs (a module buffer), then optionally ``cat([dense, ..., pairs], 1)``. One program takes BLOCK_B
+batch rows: it loads each row's [F, D] block once (from the pieces of the ``cat`` that built T, read in place), forms Z
+with ``tl.dot``, gathers the pairs from registers and writes them straight into their columns of the output, next to
+the copied dense columns.
 FM: ``0.5 * (sum_f(x)^2 - sum_f(x^2))``, summed over D or not, with the scalar pointwise ops around it.
 """
 from __future__ import annotations
@@ -24,6 +26,8 @@ SPACE = {"BLOCK_B": [1, 2, 4, 8], "num_warps": [4, 8, 2], "num_stages": [1, 2]}
 DOT_SPACE = {"BLOCK_K": [128, 64, 32]}  # D chunk of the Z = T T^T product, clamped to D
 MAX_F = 128  # Z is held in registers: F_pad^2 fp32 values per row
 HALF = (torch.float16, torch.bfloat16)
+PICKS = ("index", "index_select", "gather")
+PIECE_VIEWS = ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "clone", "contiguous", "alias")
 
 
 # ---- DLRM pairwise dot -----------------------------------------------------------------------------------------------
@@ -42,33 +46,63 @@ def _same_rows(a: tuple, b: tuple, sizes: tuple[int, int, int]) -> bool:
     return ra is rb and oa == ob and all(x == y or n == 1 for x, y, n in pairs)
 
 
-def _pairs(index: fx.Node, z_dims: int, f: int, gm: fx.GraphModule) -> tuple[dict, list[fx.Node]] | None:
-    """The pairs ``index`` takes from Z: constant flat positions in the padded [F, F] tile, or index inputs."""
-    idx = index.args[1]
-    if len(idx) != z_dims or idx[0] is not None or not all(isinstance(i, fx.Node) for i in idx[1:]):
+def _pair_roots(pick: fx.Node, z_dims: int, f: int) -> tuple[list[fx.Node], list[fx.Node]] | None:
+    """The 1-D index tensors naming the pairs ``pick`` takes from Z (li and lj of ``Z[:, li, lj]``, or one flat
+    position into the flattened Z) and the nodes between them and ``pick`` (a batch ``expand`` for ``gather``, the
+    ``remainder`` of ``take_along_dim``)."""
+    name = op_name(pick)
+    if name == "index":
+        idx = pick.args[1]
+        if len(idx) != z_dims or idx[0] is not None or not all(isinstance(i, fx.Node) for i in idx[1:]):
+            return None
+        return list(idx[1:]), []
+    if z_dims != 2 or pick.args[1] not in (1, -1) or not isinstance(pick.args[2], fx.Node):
         return None
-    if any(len(shape(i)) != 1 or shape(i) != shape(idx[1]) or dtype(i) not in (torch.int64, torch.int32)
-           for i in idx[1:]):
+    if name == "index_select":
+        return [pick.args[2]], []
+    node, nodes = pick.args[2], []
+    if op_name(node) == "remainder" and node.args[1] == f * f and len(node.users) == 1:
+        nodes.append(node)  # the kernel wraps positions modulo F*F anyway
+        node = node.args[0]
+    root, chain = view_chain(node)
+    found = view_map(chain, root)
+    if found is None or found[1] or len(shape(root)) != 1 or any(len(c.users) != 1 for c in chain):
+        return None
+    if any(s != w and n > 1 for s, w, n in zip(found[0], (0, 1), shape(pick))):
+        return None  # every batch row must take the same positions
+    return [root], nodes + chain
+
+
+def _pairs(pick: fx.Node, z_dims: int, f: int, gm: fx.GraphModule) -> tuple[dict, list[fx.Node], list] | None:
+    """The pairs ``pick`` takes from Z: constant flat positions in the padded [F, F] tile, or index inputs (the
+    1-D tensors the kernel reads)."""
+    found = _pair_roots(pick, z_dims, f)
+    if found is None:
+        return None
+    roots, chain = found
+    if any(len(shape(i)) != 1 or shape(i) != shape(roots[0]) or dtype(i) not in (torch.int64, torch.int32)
+           for i in roots):
         return None
     fp = max(16, pow2(f))
-    values = [const_value(i, gm) for i in idx[1:]]
+    values = [const_value(i, gm) for i in roots]
     if all(v is not None for v in values):
-        if z_dims == 3:
+        if len(roots) == 2:
             i, j = (v.long() % f for v in values)
         else:
             flat = values[0].long() % (f * f)
             i, j = flat // f, flat % f
-        nodes = [n for i_node in idx[1:] for n in ancestors_within(i_node, set())]
-        return {"flat": (i * fp + j).tolist()}, nodes
-    return {"index": z_dims}, []
+        nodes = chain + [n for root in roots for n in ancestors_within(root, set())]
+        return {"flat": (i * fp + j).tolist()}, nodes, []
+    return {"index": len(roots) + 1}, chain, roots
 
 
 def _z_index(bmm: fx.Node, n_b: int, f: int) -> tuple[list[fx.Node], fx.Node] | None:
-    """The views from Z = bmm(...) to the ``index`` that picks pairs, and that index; Z may be seen transposed
-    (it is symmetric) or flattened to [B, F*F]."""
+    """The views from Z = bmm(...) to the node that picks pairs (``index``, or on Z flattened to [B, F*F] also
+    ``index_select``/``gather``), and that node; Z may be seen transposed (it is symmetric)."""
     z, chain = bmm, []
     while len(z.users) == 1 and op_name(next(iter(z.users))) in ("view", "_unsafe_view", "reshape", "permute",
-                                                                   "transpose", "clone", "contiguous", "alias"):
+                                                                   "transpose", "clone", "contiguous", "alias",
+                                                                   "expand"):
         z = next(iter(z.users))
         chain.append(z)
     zmap = view_map(chain, bmm)
@@ -77,13 +111,25 @@ def _z_index(bmm: fx.Node, n_b: int, f: int) -> tuple[list[fx.Node], fx.Node] | 
     want = [(f * f, f, 1), (f * f, 1, f)] if len(shape(z)) == 3 else [(f * f, 1)]
     if not any(all(s == w or n == 1 for s, w, n in zip(zmap[0], ws, shape(z))) for ws in want):
         return None
-    index = next(iter(z.users))
-    return (chain, index) if op_name(index) == "index" and index.args[0] is z else None
+    pick = next(iter(z.users))
+    return (chain, pick) if op_name(pick) in PICKS and pick.args[0] is z else None
 
 
-def _features(root: fx.Node, operand: tuple, f: int, d: int) -> list[tuple[fx.Node, int, int]] | None:
-    """When the [B, F, D] features are a ``cat`` along F (of [B, n, D] or [B, n*D] pieces) read in order, the
-    pieces and their first feature and count: the kernel reads them in place and the cat is never written."""
+def _piece_source(piece: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """A ``cat`` piece that is a reshape-like view (``dense.unsqueeze(1)``) of a tensor only it reads: that tensor
+    and the views, which the launcher replays as a ``reshape``."""
+    node, chain = piece, []
+    while op_name(node) in PIECE_VIEWS and node.op == "call_function" and len(node.users) == 1 \
+            and isinstance(node.args[0], fx.Node) and node.args[0].op != "get_attr":
+        chain.append(node)
+        node = node.args[0]
+    return node, chain
+
+
+def _features(root: fx.Node, operand: tuple, f: int, d: int) -> list[tuple] | None:
+    """When the [B, F, D] features are a ``cat`` along F (of [B, n, D] or [B, n*D] pieces) read in order, per piece
+    (the tensor read, first feature, count, piece shape, views absorbed): the kernel reads them in place and the
+    cat is never written."""
     strides, offset = operand[2], operand[3]
     if op_name(root) != "cat" or offset or len(root.args[0]) > 64:
         return None
@@ -98,7 +144,8 @@ def _features(root: fx.Node, operand: tuple, f: int, d: int) -> list[tuple[fx.No
         width = shape(p)[1] if rank == 3 else shape(p)[1] // d
         if len(shape(p)) != rank or (rank == 2 and shape(p)[1] % d) or (rank == 3 and shape(p)[2] != d):
             return None
-        out.append((p, f0, width))
+        src, views = _piece_source(p)
+        out.append((src, f0, width, shape(p), views))
         f0 += width
     return out if f0 == f else None
 
@@ -124,26 +171,27 @@ def _dot_match(bmm: fx.Node, taken: set[fx.Node], gm: fx.GraphModule) -> Match |
     pairs = _pairs(found[1], len(shape(found[1].args[0])), f, gm) if found else None
     if pairs is None:
         return None
-    (z_chain, index), (spec, const_nodes) = found, pairs
+    (z_chain, index), (spec, pick_nodes, pair_inputs) = found, pairs
     cat = _out_cat(index, n_b, taken)
-    nodes = [*a[1], *b[1], bmm, *z_chain, *const_nodes, index] + ([cat] if cat else [])
+    nodes = [*a[1], *b[1], bmm, *z_chain, *pick_nodes, index] + ([cat] if cat else [])
     feats = _features(a[0], a, f, d)
     if feats and all(u in nodes for u in a[0].users) and a[0] not in taken:
-        nodes.append(a[0])
+        nodes += [a[0]] + [n for piece in feats for n in piece[4]]
     else:
         feats = None
     if any(n in taken for n in nodes):
         return None
-    pair_inputs = list(index.args[1][1:]) if "index" in spec else []
     outs = list(cat.args[0]) if cat else [index]
-    inputs = [p for p, _, _ in feats] if feats else [a[0]]
+    inputs = [p[0] for p in feats] if feats else [a[0]]
     inputs += pair_inputs + [p for p in outs if p is not index]
     match = make_match(FAMILY, nodes, kind="pairwise_interaction", inputs=list(dict.fromkeys(inputs)))
     if match is None or match.outputs != [cat or index]:
         return None
     pos = {n: match.inputs.index(n) for n in match.inputs}
+    # per feature piece: input position, first feature, count, rank, the shape to view the input as (None: as is)
+    pieces = [[pos[p], f0, n, len(ps), list(ps) if vs else None] for p, f0, n, ps, vs in feats] if feats else None
     match.spec = dict(spec, form="dot", B=n_b, F=f, D=d, strides=list(a[2]), offset=a[3], x_shape=list(shape(a[0])),
-                      feats=[[pos[p], f0, n, len(shape(p))] for p, f0, n in feats] if feats else None,
+                      feats=pieces, pick=index.name,
                       pairs=[pos[i] for i in pair_inputs], pieces=[-1 if p is index else pos[p] for p in outs],
                       widths=[shape(p)[1] for p in outs], P=shape(index)[1])
     return match
@@ -318,8 +366,7 @@ def _positions(spec: dict, name: str) -> tuple[list[str], list[str], list[str], 
         lines += [f"li = tl.minimum(tl.maximum(tl.where(li < 0, li + F, li), 0), F - 1)",
                   f"lj = tl.minimum(tl.maximum(tl.where(lj < 0, lj + F, lj), 0), F - 1)", "flat = li * F_PAD + lj"]
     else:
-        lines += [f"lf = tl.minimum(tl.maximum(tl.where(lf < 0, lf + {f * f}, lf), 0), {f * f - 1})",
-                  "flat = (lf // F) * F_PAD + lf % F"]
+        lines += [f"lf = lf % {f * f}", f"lf = tl.where(lf < 0, lf + {f * f}, lf)", "flat = (lf // F) * F_PAD + lf % F"]
     prep = [f"{n} = inputs[{k}].contiguous()" for n, k in zip(names, spec["pairs"])]
     prep += [f"assert {n}.numel() == {spec['P']}, 'index pairs of the traced count expected'" for n in names]
     return lines, [f"{n}_ptr" for n in names], prep, names
@@ -351,11 +398,12 @@ def _rows(spec: dict) -> tuple[list[str], str, list[str], list[str], list[str]]:
         return [f"rowp = x_ptr + b * {sb} + fi * {si}"], f" * {sk}", ["x_ptr"], prep, \
             [f"x.reshape(-1)[{spec['offset']}:]"]
     lines, params, prep, args = [], [], [], []
-    for k, (pos, f0, n, rank) in enumerate(spec["feats"]):
+    for k, (pos, f0, n, rank, view) in enumerate(spec["feats"]):
         row = f"f{k}_ptr + b * f{k}_sb + (fi - {f0}) * f{k}_sf"
         lines.append(f"rowp = tl.where(fi >= {f0}, {row}, rowp)" if k else f"rowp = {row}")
         params += [f"f{k}_ptr", f"f{k}_sb", f"f{k}_sf"]
-        prep += [f"f{k} = inputs[{pos}] if inputs[{pos}].stride(-1) == 1 else inputs[{pos}].contiguous()",
+        piece = f"inputs[{pos}].reshape({tuple(view)})" if view else f"inputs[{pos}]"
+        prep += [f"f{k} = {piece}", f"f{k} = f{k} if f{k}.stride(-1) == 1 else f{k}.contiguous()",
                  f"assert f{k}.shape[0] == B, 'features of the traced batch expected'"]
         args += [f"f{k}", f"f{k}.stride(0)", f"f{k}.stride(1)" if rank == 3 else f"{spec['D']} * f{k}.stride(1)"]
     return lines, "", params, prep, args
@@ -364,7 +412,7 @@ def _rows(spec: dict) -> tuple[list[str], str, list[str], list[str], list[str]]:
 def _render_dot(match: Match, config: dict[str, Any], name: str) -> str:
     spec = match.spec
     out = match.outputs[0]
-    pairs_node = out if op_name(out) == "index" else next(a for a in out.args[0] if op_name(a) == "index")
+    pairs_node = next(n for n in match.nodes if n.name == spec["pick"])
     out_dtype = TL_DTYPES[dtype(out)]
     load_lines, sk, load_params, load_prep, load_args = _rows(spec)
     pos_lines, pos_params, prep, pos_args = _positions(spec, name)

@@ -3,9 +3,11 @@
 ``mm``/``addmm``/``bmm``/``baddbmm`` are matched on the graph: the views and casts that feed an operand are replayed
 in the launcher as strides (a weight's ``permute`` costs no copy), and the pointwise nodes that consume the product
 (bias, activation, scale, residual, casts, order-keeping views) run in the kernel before the one store. Extra epilogue
-operands are broadcast to the output in the launcher and read through their strides; a stride that is zero for every
-shape (a bias along M) is left out of the address. Families tried first claim bigger regions: two GEMMs that share
-their A and meet in one pointwise result (SwiGLU), two chained batched layers (multi-task towers) and DCN cross layers.
+operands are broadcast to the output in the launcher and read through their strides (a cast of one, such as a half
+bias up-cast to fp32, is done on the loaded values); a stride that is zero for every shape (a bias along M) is left out
+of the address. Half operands up-cast for an fp32 GEMM (how half ``baddbmm`` traces) are multiplied as half tiles.
+Families tried first claim bigger regions: two GEMMs that share their A and meet in one pointwise result (SwiGLU), two
+chained batched layers (multi-task towers) and DCN cross layers.
 """
 from __future__ import annotations
 
@@ -153,6 +155,22 @@ def _absorbable(u: fx.Node, region: set[fx.Node], numel: int, extras: dict[fx.No
     return is_convex(region | {u})
 
 
+def feeding_casts(region: set[fx.Node], operands: list[Operand], taken: set[fx.Node]) -> list[fx.Node]:
+    """Casts of outside tensors that only the region reads (a half bias up-cast for the add): the kernel loads the
+    tensor as it is and converts it, so no converted copy is written. GEMM operand sources are left as they are."""
+    sources = {o.source for o in operands}
+    found: list[fx.Node] = []
+    todo = list(region)
+    while todo:
+        for a in tensor_args(todo.pop()):
+            if a in region or a in sources or a in found or not _chainable(a, taken) or op_name(a) not in CASTS:
+                continue
+            if dtype(a.args[0]) in FLOATS and all(u in region or u in found for u in a.users):
+                found.append(a)
+                todo.append(a)
+    return found
+
+
 def grow(base: set[fx.Node], numel: int, taken: set[fx.Node]) -> list[fx.Node]:
     """Pointwise consumers of ``base`` absorbed in graph order, then cut to the prefix that leaves fewest outputs."""
     order = {n: i for i, n in enumerate(next(iter(base)).graph.nodes)}
@@ -185,6 +203,15 @@ def is_gemm(node: fx.Node, taken: set[fx.Node]) -> bool:
             and all(dtype(a) in FLOATS for a in tensor_args(node)))
 
 
+def half_source(operands: list[Operand]) -> torch.dtype | None:
+    """The half type every operand was up-cast from, if one: a product of two fp16 (bf16) values is exact in fp32,
+    so the dot runs on the half tiles at the tensor-core rate with the same fp32 accumulation as the fp32 GEMM."""
+    kinds = {dtype(o.source) for o in operands}
+    if len(kinds) != 1 or not kinds <= {torch.float16, torch.bfloat16}:
+        return None
+    return kinds.pop() if all(o.cast == "tl.float32" for o in operands) else None
+
+
 # ---- the stage description (plain data) ----------------------------------------------------------------------------
 
 
@@ -199,8 +226,8 @@ class Head:
 class StageBuilder:
     """Collects what one GEMM stage renders to: operand expressions, epilogue lines, extra operands, stores."""
 
-    def __init__(self, tag: str, a: Operand, heads: list[Head]):
-        self.tag, self.a, self.heads = tag, a, heads
+    def __init__(self, tag: str, a: Operand, heads: list[Head], casts: set[fx.Node] | frozenset = frozenset()):
+        self.tag, self.a, self.heads, self.casts = tag, a, heads, casts
         g = heads[0].gemm
         self.batched = op_name(g) in ("bmm", "baddbmm")
         a_shape, b_shape = shape(gemm_parts(g)[0]), shape(gemm_parts(g)[1])
@@ -212,7 +239,8 @@ class StageBuilder:
         self.extras: list[dict[str, str]] = []
         self.extra_nodes: set[fx.Node] = set()
         self._extra_var: dict[tuple, str] = {}
-        self.dot = TL_DTYPES[dtype(g)]
+        self.narrow = half_source([a] + [h.b for h in heads])
+        self.dot = TL_DTYPES[self.narrow or dtype(g)]
         self._heads()
 
     def shape_expr(self, s: tuple[int, ...]) -> str:
@@ -227,6 +255,10 @@ class StageBuilder:
         key = (node, target, chunk)
         if key in self._extra_var:
             return self._extra_var[key]
+        casts = []
+        while node in self.casts:
+            casts.insert(0, node)
+            node = node.args[0]
         var = f"{self.tag}_e{len(self.extras)}"
         meta = torch.empty_strided(shape(node), node.meta["val"].stride(), device="meta").expand(target)
         expr = f"x_{node.name}.expand{target_expr}"
@@ -237,6 +269,8 @@ class StageBuilder:
         self.extras.append({"var": var, "expr": f"{expr}.reshape(Bt, M, N)", "dims": dims,
                             "type": compute_dtype(dtype(node))})
         self.extra_nodes.add(node)
+        if casts:  # the loaded tensor converted as the graph's casts do (rounded where one narrows)
+            var = emit(casts, {node: var}, self.lines, prefix=f"{var}_c")[casts[-1]]
         self._extra_var[key] = var
         return var
 
@@ -272,9 +306,9 @@ class StageBuilder:
 
     def build(self, stores: list[fx.Node]) -> dict[str, Any]:
         return {"tag": self.tag, "batched": self.batched, "dot": self.dot, "sizes": self.sizes,
-                "a": {"expr": self.a.expr, "cast": self.a.cast},
+                "a": {"expr": self.a.expr, "cast": None if self.narrow else self.a.cast},
                 "bs": [{"expr": h.b.expr + (f".chunk(2, -1)[{h.chunk}]" if h.chunk is not None else ""),
-                        "cast": h.b.cast} for h in self.heads],
+                        "cast": None if self.narrow else h.b.cast} for h in self.heads],
                 "accs": [f"{self.tag}_acc{j}" for j in range(len(self.heads))],
                 "extras": self.extras, "lines": self.lines,
                 "stores": [{"name": f"x_{o.name}", "var": self.env[o], "shape": self.shape_expr(shape(o)),
@@ -628,12 +662,14 @@ def _reaches(start: fx.Node, goal: fx.Node, region: set[fx.Node]) -> bool:
 
 
 def finish(family: str, kind: str, base: set[fx.Node], epi: list[fx.Node], a: Operand,
-           heads: list[Head]) -> Match | None:
-    """One-stage match over ``base`` + ``epi``, or None when it is not convex or leaves a value without a name."""
-    match = make_match(family, list(base) + epi, {}, kind)
+           heads: list[Head], taken: set[fx.Node]) -> Match | None:
+    """One-stage match over ``base`` + ``epi`` (and the casts feeding them), or None when it is not convex or leaves
+    a value without a name."""
+    casts = feeding_casts(base | set(epi), [a] + [h.b for h in heads], taken)
+    match = make_match(family, list(base) + epi + casts, {}, kind)
     if match is None:
         return None
-    sb = StageBuilder("s0", a, heads)
+    sb = StageBuilder("s0", a, heads, set(casts))
     sb.epilogue(epi)
     if any(o not in sb.env for o in match.outputs) or not sb.extra_nodes <= set(match.inputs):
         return None
@@ -647,7 +683,7 @@ def single(family: str, kind: str, node: fx.Node, taken: set[fx.Node]) -> tuple[
     b = operand(b_node, {node, *a.nodes}, taken)
     base = {node, *a.nodes, *b.nodes}
     epi = grow(base, _numel(shape(node)), taken)
-    return finish(family, kind, base, epi, a, [Head(node, node, b)]), a, epi
+    return finish(family, kind, base, epi, a, [Head(node, node, b)], taken), a, epi
 
 
 class MatmulTemplate:
@@ -744,7 +780,7 @@ class DualGemmTemplate(MatmulTemplate):
         b1 = operand(gemm_parts(g1)[1], {g1}, taken)
         base = {g0, g1, *a0.nodes, *a1.nodes, *b0.nodes, *b1.nodes}
         epi = grow(base, _numel(shape(g0)), taken)
-        match = finish(self.family, self.kind, base, epi, a0, [Head(g0, g0, b0), Head(g1, g1, b1)])
+        match = finish(self.family, self.kind, base, epi, a0, [Head(g0, g0, b0), Head(g1, g1, b1)], taken)
         return self._one_output(match, [g0, g1])
 
     def split(self, node: fx.Node, taken: set[fx.Node]) -> Match | None:
@@ -769,7 +805,7 @@ class DualGemmTemplate(MatmulTemplate):
         base = {node, *views, s, *items, *a.nodes, *b.nodes}
         epi = grow(base, _numel(shape(items[0])), taken)
         heads = [Head(items[0], node, b, 0), Head(items[1], node, b, 1)]
-        return self._one_output(finish(self.family, self.kind, base, epi, a, heads), items)
+        return self._one_output(finish(self.family, self.kind, base, epi, a, heads, taken), items)
 
 
 class BatchedSmallTemplate:
@@ -805,12 +841,19 @@ class BatchedSmallTemplate:
         b = operand(b_node, {g0, *a.nodes}, taken)
         base0 = {g0, *a.nodes, *b.nodes}
         epi0 = grow(base0, _numel(shape(g0)), taken)
-        region0 = list(base0) + epi0
-        outs = region_io(region0)[1]
-        g1 = self._next_layer(outs[0], taken | set(region0)) if len(outs) == 1 else None
-        if g1 is None or shape(g0)[-1] > MAX_FUSED_H:
+        outs = region_io(list(base0) + epi0)[1]
+        if len(outs) != 1:
             return None
         hn = outs[0]
+        # the intermediate is kept in its half type: the up-cast before the second layer is done on the loaded tile
+        while hn in epi0 and op_name(hn) in CASTS and dtype(hn) == torch.float32 and len(hn.args[0].users) == 1 \
+                and dtype(hn.args[0]) in (torch.float16, torch.bfloat16) and hn.args[0] in epi0:
+            epi0.remove(hn)
+            hn = hn.args[0]
+        region0 = list(base0) + epi0
+        g1 = self._next_layer(hn, taken | set(region0))
+        if g1 is None or shape(g0)[-1] > MAX_FUSED_H:
+            return None
         a1 = operand(gemm_parts(g1)[0], {g1}, taken | set(region0))
         keeps = all(op_name(c) in CASTS or (op_name(c) in VIEWS and _keeps_order(c)) for c in a1.nodes)
         if a1.source is not hn or not keeps or shape(gemm_parts(g1)[0]) != shape(g0):
@@ -819,12 +862,13 @@ class BatchedSmallTemplate:
         b1 = operand(gemm_parts(g1)[1], {g1}, taken)
         base1 = set(region0) | {g1, *a1.nodes, *b1.nodes}
         epi1 = grow(base1, _numel(shape(g1)), taken)
-        match = make_match(self.family, list(base1) + epi1, {}, self.kind)
+        casts = feeding_casts(base1 | set(epi1), [a, b, a1, b1], taken)
+        match = make_match(self.family, list(base1) + epi1 + casts, {}, self.kind)
         if match is None:
             return None
-        sb0 = StageBuilder("s0", a, [Head(g0, g0, b)])
+        sb0 = StageBuilder("s0", a, [Head(g0, g0, b)], set(casts))
         sb0.epilogue(epi0)
-        sb1 = StageBuilder("s1", a1, [Head(g1, g1, b1)])
+        sb1 = StageBuilder("s1", a1, [Head(g1, g1, b1)], set(casts))
         sb1.epilogue(epi1)
         # the second layer's epilogue may read outside tensors only: the first layer's values live in registers
         if any(o not in sb1.env for o in match.outputs) or not sb0.extra_nodes | sb1.extra_nodes <= set(match.inputs):

@@ -3,10 +3,13 @@
 Recognised on the graph, whatever the spelling: ``_embedding_bag``/``embedding_bag`` (sum, mean, max; offsets with or
 without the last one; per-sample weights; padding_idx); a gather (``embedding``, ``index_select``, ``index``) or a plain
 values tensor pooled by ``index_put_(accumulate=True)``, ``index_add``, ``scatter_add`` or ``scatter_reduce`` with
-segment ids (an input, or built in the graph from lengths with ``repeat_interleave``); ``segment_reduce`` with lengths
+segment ids (an input, built in the graph from lengths with ``repeat_interleave``, or from offsets with
+``searchsorted(offsets, arange(N), right=True) - 1``, which makes them offsets again); ``segment_reduce`` with lengths
 or offsets; ``sum``/``amax``/``amin`` over the bag axis of a [B, L, D] gather. One program pools one bag for one block
 of D, accumulating in fp32; the pointwise ops that consume the pooled rows (a mean as sum / clamp(lengths)) run in the
-same kernel. Segment ids in any order are sorted in the launcher (argsort + searchsorted, no host sync).
+same kernel, and so do bag counts the graph computes itself (``bincount`` of offset-built ids, ``diff(offsets)``).
+Segment ids in any order are sorted in the launcher (argsort + searchsorted, no host sync). Offsets are taken to start
+at 0, as ``embedding_bag`` requires.
 """
 from __future__ import annotations
 
@@ -256,6 +259,67 @@ def _from_lengths(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Nod
     return lengths, nodes + [ids]
 
 
+def _from_offsets(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Node, bool, list[fx.Node]] | None:
+    """``searchsorted(offsets, arange(N), right=True) - 1`` (or ``bucketize``): the bag of every position, sorted by
+    construction, so the offsets are the bags. Returns the offsets, whether they also hold the end of the last bag
+    (one more offset than bags), and the nodes that built the ids."""
+    if op_name(ids) != "sub" or len(ids.args) != 2 or ids.args[1] != 1 or ids.kwargs.get("alpha", 1) != 1:
+        return None
+    found, name = ids.args[0], op_name(ids.args[0])
+    if name not in ("searchsorted", "bucketize") or len(shape(ids)) != 1:
+        return None
+    b = bind(found)
+    if name == "searchsorted":
+        offsets, pos = b["sorted_sequence"], b["self"]
+        right = (b["right"] or b.get("side") == "right") and b.get("sorter") is None
+    else:
+        offsets, pos, right = b["boundaries"], b["self"], b["right"]
+    if not right or not isinstance(offsets, fx.Node) or len(shape(offsets)) != 1:
+        return None
+    value = const_value(pos, gm)
+    n_off = shape(offsets)[0]
+    if value is None or not torch.equal(value, torch.arange(shape(ids)[0], dtype=value.dtype)):
+        return None
+    if n_bags not in (n_off, n_off - 1):
+        return None
+    return offsets, n_bags == n_off - 1, ancestors_within(pos, set()) + [found, ids]
+
+
+def _slice_range(node: Any, source: fx.Node) -> range | None:
+    """The positions a 1-D ``slice`` of ``source`` keeps."""
+    if not isinstance(node, fx.Node) or op_name(node) != "slice" or node.args[0] is not source:
+        return None
+    b = bind(node)
+    return range(shape(source)[0])[b["start"]:b["end"]:b["step"]] if b["dim"] in (0, -1) else None
+
+
+def _counts(spec: dict, roles: dict, nodes: list[fx.Node]) -> list[list[fx.Node]]:
+    """Per-bag values the graph computes beside the pooling that equal ``end - start`` of each bag: the
+    ``bincount(ids, minlength=S)`` of offset-built ids, or ``offsets[1:] - offsets[:-1]`` (``diff``) when the offsets
+    hold the last end. Each is [count node, the nodes under it]; in the kernel they are ``n``."""
+    off = roles.get("offsets")
+    if spec["bags"] != "offsets" or off is None or spec.get("padding_idx") is not None:
+        return []
+    n_off = shape(off)[0]
+    n_bags = n_off - int(bool(spec.get("include_last")))
+    inside = set(nodes)
+    found = []
+    for ids in nodes:
+        if op_name(ids) == "sub" and op_name(ids.args[0]) in ("searchsorted", "bucketize") and ids.args[0] in inside:
+            for u in ids.users:
+                b = bind(u) if op_name(u) == "bincount" else {}
+                if b and b["weights"] is None and b["minlength"] == n_bags and shape(u) == (n_bags,):
+                    found.append([u])
+    if spec.get("include_last"):
+        for u in {u for sl in off.users if op_name(sl) == "slice" for u in sl.users}:
+            if op_name(u) != "sub" or len(u.args) != 2 or u.kwargs.get("alpha", 1) != 1:
+                continue
+            hi, lo = _slice_range(u.args[0], off), _slice_range(u.args[1], off)
+            if hi == range(1, n_off) and lo == range(0, n_off - 1) and all(len(a.users) == 1 for a in u.args):
+                found.append([u, *u.args])
+    return found
+
+
 def _full_value(node: Any) -> float | None:
     if not isinstance(node, fx.Node) or op_name(node) not in ("full", "zeros"):
         return None
@@ -356,7 +420,7 @@ def _fixed_sink(node: fx.Node) -> tuple[dict, dict, list[fx.Node]] | None:
     return spec, {"table": found[0], "idx": found[1]}, nodes + [x]
 
 
-def _sink(node: fx.Node, gm: fx.GraphModule) -> tuple[dict, dict, list[fx.Node]] | None:
+def _sink(node: fx.Node, gm: fx.GraphModule, offsets: bool = True) -> tuple[dict, dict, list[fx.Node]] | None:
     name = op_name(node)
     if name in BAG_OPS:
         found = _bag_sink(node)
@@ -385,6 +449,11 @@ def _sink(node: fx.Node, gm: fx.GraphModule) -> tuple[dict, dict, list[fx.Node]]
             roles["lengths"] = sorted_ids[0]
             del roles["ids"]
             nodes += sorted_ids[1]
+        elif offsets and (built := _from_offsets(roles["ids"], shape(node)[0], gm)) is not None:
+            spec.update(bags="offsets", include_last=built[1])
+            roles["offsets"] = built[0]
+            del roles["ids"]
+            nodes += built[2]
     return spec, roles, nodes
 
 
@@ -396,7 +465,7 @@ def _normalise(spec: dict, roles: dict, nodes: list[fx.Node], gm: fx.GraphModule
         nodes.append(idx)
         roles["idx"] = idx.args[0]
     off = roles.get("offsets")
-    if off is None or spec.get("include_last") or len(off.users) != 1:
+    if off is None or idx is None or spec.get("include_last") or len(off.users) != 1:
         return
     value = const_value(off, gm)
     n = math.prod(shape(roles["idx"]))
@@ -438,21 +507,35 @@ class SegmentTemplate:
         for node in graph.calls():
             if node in used:
                 continue
-            found = _sink(node, graph.gm)
-            if found is None:
-                continue
-            spec, roles, nodes = found
-            _normalise(spec, roles, nodes, graph.gm)
-            pooled = nodes[1] if op_name(node) in BAG_OPS else node
-            if any(n in used for n in nodes) or not closed(set(nodes), [n for n in nodes if n is not pooled]):
-                continue
-            if dtype(pooled) not in FLOATS or dtype(roles.get("table", roles.get("values"))) not in FLOATS:
-                continue  # the kernel accumulates in fp32: integer pooling (counts) stays with ATen
-            match = self._match(spec, roles, nodes, pooled, used)
-            if match is not None:
-                matches.append(match)
-                used |= set(match.nodes)
+            # offset-built ids as offsets, with the bag counts beside them; then without the counts; then as ids
+            for offsets, counts in ((True, True), (True, False), (False, False)):
+                match = self._claim(node, graph.gm, used, offsets, counts)
+                if match is not None:
+                    matches.append(match)
+                    used |= set(match.nodes)
+                    break
         return matches
+
+    def _claim(self, node: fx.Node, gm: fx.GraphModule, used: set[fx.Node], offsets: bool,
+               counts: bool) -> Match | None:
+        found = _sink(node, gm, offsets)
+        if found is None:
+            return None
+        spec, roles, nodes = found
+        _normalise(spec, roles, nodes, gm)
+        found_counts = _counts(spec, roles, nodes) if counts else []
+        if counts and not found_counts:
+            return None
+        heads = [c[0] for c in found_counts]
+        nodes += [n for c in found_counts for n in c]
+        pooled = nodes[1] if op_name(node) in BAG_OPS else node
+        if any(n in used for n in nodes) or not closed(set(nodes), [n for n in nodes if n is not pooled
+                                                                   and n not in heads]):
+            return None
+        if dtype(pooled) not in FLOATS or dtype(roles.get("table", roles.get("values"))) not in FLOATS:
+            return None  # the kernel accumulates in fp32: integer pooling (counts) stays with ATen
+        spec["counts"] = [n.name for n in heads]
+        return self._match(spec, roles, nodes, pooled, used)
 
     def _match(self, spec: dict, roles: dict, core: list[fx.Node], pooled: fx.Node,
                used: set[fx.Node]) -> Match | None:
@@ -542,7 +625,7 @@ def _epilogue(match: Match, lines: list[str]) -> list[str]:
     pooled = by_name[spec["pooled"]]
     if dtype(pooled) in (torch.float16, torch.bfloat16) and spec["epilogue"]:
         lines.append(f"r = r.to({TL_DTYPES[dtype(pooled)]}).to(tl.float32)")  # the graph rounds the pooled rows
-    env: dict[fx.Node, str] = {pooled: "r"}
+    env: dict[fx.Node, str] = {pooled: "r", **{by_name[c]: "n" for c in spec.get("counts", [])}}
     loads = {"tile": "tl.load(x{k}_ptr + bag * x{k}_sb + d * x{k}_sd, mask=dmask, other=0)",
              "row": "tl.load(x{k}_ptr + bag * x{k}_sb)", "col": "tl.load(x{k}_ptr + d * x{k}_sd, mask=dmask, other=0)",
              "scalar": "tl.load(x{k}_ptr)"}
