@@ -163,3 +163,20 @@ def test_reopen_keeps_data(tmp_path):
     s = Store(tmp_path / "ke.db")
     assert s.run("latest")["id"] == run_id
     s.close()
+
+
+def test_experience_is_the_fastest_node_of_each_earlier_run_on_the_device(store):
+    metas = []
+    for run_ms in ((3.0, 1.0), (2.0, 5.0)):
+        run = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+        for i, ms in enumerate(run_ms):
+            meta = {"configs": [{"family": "pointwise", "config": {"BLOCK": 256 * (i + 1)}}], "ms": ms}
+            node, _ = store.add_node(run, PROBLEM.sha, KEY, Candidate(f"# {run} {i}\n", proposer="template",
+                                                                       meta=meta))
+            store.save_result(node, _ok(ms))
+            metas.append(meta)
+    current = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    got = store.experience(KEY, "template", exclude_run=current)
+    assert [m["ms"] for m in got] == [1.0, 2.0]  # each run's fastest, fastest runs first
+    assert store.experience("cuda:other", "template") == []
+    assert store.experience(KEY, "inductor") == []

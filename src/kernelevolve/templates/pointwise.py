@@ -121,7 +121,7 @@ class PointwiseTemplate:
         env: dict[fx.Node, str] = {}
         for k, node in enumerate(match.inputs):
             off = offset_expr(sizes, merged[k], "offs")
-            lines.append(f"in{k} = tl.load(in{k}_ptr + {off}, mask=mask).to({_load_type(node)})")
+            lines.append(f"in{k} = tl.load(in{k}_ptr + {off}, mask=mask).to({load_type(node)})")
             env[node] = f"in{k}"
         env = emit(match.nodes, env, lines)
         outs = []
@@ -149,7 +149,7 @@ def {name}({ins}):
 '''
 
 
-def _load_type(node: fx.Node) -> str:
+def load_type(node: fx.Node) -> str:
     dt = dtype(node)
     if dt in (torch.float16, torch.bfloat16, torch.float32):
         return "tl.float32"

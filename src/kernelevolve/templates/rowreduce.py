@@ -18,9 +18,8 @@ import torch
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph, convex_core, dtype, op_name, shape
-from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit, expression
+from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit
 from kernelevolve.templates.base import Match, make_match
-from kernelevolve.templates.pointwise import _load_type, contiguous_strides, merge_dims, offset_expr
 
 REDUCTIONS = {"sum": "0.0", "amax": "float('-inf')", "amin": "float('inf')"}
 VIEWS = {"view", "reshape", "unsqueeze", "squeeze", "_unsafe_view", "expand"}
@@ -190,7 +189,3 @@ def splittable(match: Match) -> bool:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
-
-
-__all__ = ["RowReduceTemplate", "REDUCTIONS", "VIEWS", "MAX_TILE", "contiguous_strides", "merge_dims",
-           "offset_expr", "expression", "_load_type", "_pow2", "_Frame", "_reduced_dim", "_keepdim"]

@@ -7,7 +7,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, op_name, shape
 from kernelevolve.analyze.pointwise import TL_DTYPES, expression
-from kernelevolve.templates.pointwise import _load_type, broadcast_strides, contiguous_strides, merge_dims, offset_expr
+from kernelevolve.templates.pointwise import load_type, broadcast_strides, contiguous_strides, merge_dims, offset_expr
 from kernelevolve.templates.rowreduce import MAX_TILE, REDUCTIONS, VIEWS, _Frame, _pow2, _reduced_dim
 
 
@@ -77,7 +77,7 @@ class _Gen:
         mask = {(True, True): "mask", (True, False): "rmask", (False, True): "cmask", (False, False): None}[
             (op.rowdep, op.col_stride != 0)]
         ld = f"tl.load({op.var}_ptr + {off}" + (f", mask={mask}, other=0)" if mask else ")")
-        return f"{ind}{op.var} = {ld}.to({_load_type(node)})"
+        return f"{ind}{op.var} = {ld}.to({load_type(node)})"
 
     def merge(self) -> None:
         ops = list(self.loads.values()) + self.outs
