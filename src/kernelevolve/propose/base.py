@@ -23,7 +23,7 @@ class ProposalContext:
 
 
 class Proposer(Protocol):
-    name: str
+    name: str  # an optional ``weight`` attribute (default 1) scales how many candidates it is asked for per refill
 
     def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
         """Up to ``n`` new candidates; an empty list means this proposer has nothing left to try."""

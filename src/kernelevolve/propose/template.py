@@ -109,6 +109,9 @@ def genome_key(genome: dict[str, dict[str, Any]]) -> str:
 
 class TemplateProposer:
     name = "template"
+    # candidates per refill for each one of a slower proposer: a template candidate compiles in seconds, an Inductor
+    # configuration with autotuning in tens of seconds
+    weight = 3
 
     def __init__(self, device: str, seed: int | None = None):
         self.device = device

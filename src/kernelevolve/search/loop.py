@@ -91,7 +91,7 @@ class _Loop:
         for proposer in self.proposers:
             ctx = ProposalContext(self.problem, self.device, self.profile, self.history, parents,
                                   self.experience.get(proposer.name, []))
-            cands = proposer.propose(ctx, per)
+            cands = proposer.propose(ctx, per * getattr(proposer, "weight", 1))
             got += len(cands)
             self.queue.extend(cands)
         self.exhausted = got == 0
