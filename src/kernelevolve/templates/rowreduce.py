@@ -164,20 +164,30 @@ class RowReduceTemplate:
             block_r = [64, 32, 128, 16, 256]
         else:
             block_r = [1, 2, 4, 8, 16] if c >= 512 else [16, 8, 32, 4, 64]
-        out = {"PERSISTENT": persistent, "BLOCK_R": block_r, "BLOCK_C": [1024, 2048, 512, 4096, 256, 64],
-               "num_warps": [4, 8, 16, 2, 1], "num_stages": [1, 2, 3]}
+        out = {"PERSISTENT": persistent, "BLOCK_R": block_r, "BLOCK_C": [2048, 1024, 4096, 512, 256, 64],
+               "num_warps": [],
+               "num_stages": [1, 2, 3]}
         if splittable(match):
             # few rows and long reductions leave most SMs idle (1024 rows / 64 per program = 16 programs on 132 SMs)
             out["SPLIT"] = [16, 1, 4, 8, 32, 64] if rows < 8192 and c >= 4096 else [1, 4, 16, 64]
             out["PERSISTENT"] = [False] + [p for p in persistent if p is not False]
             if d != len(full) - 1:
                 out["BLOCK_C"] = [64, 32, 128, 16]
+        tile = (_pow2(c) if out["PERSISTENT"][0] else min(out["BLOCK_C"][0], _pow2(c))) * min(out["BLOCK_R"][0], rows)
+        out["num_warps"] = _warps(tile)
         return out
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
         from kernelevolve.templates.rowreduce_codegen import render_region
 
         return render_region(match, config, name, _Frame(tuple(match.spec["full"]), match.spec["dim"]))
+
+
+def _warps(tile: int) -> list[int]:
+    """Warps for a tile of ``tile`` fp32 values, first: about 16-32 values per thread keeps loads in flight without
+    spilling (the launch-setting rule of Liger-Kernel's calculate_settings)."""
+    first = 16 if tile >= 16384 else 8 if tile >= 4096 else 4 if tile >= 1024 else 2
+    return [first] + [w for w in (4, 8, 16, 2, 1) if w != first]
 
 
 def splittable(match: Match) -> bool:

@@ -263,13 +263,19 @@ def _body_looped(g: _Gen, c: int, span: int | None = None) -> list[str]:
                       f"{inner}{m} = m_new"]
             env[r], env[partner] = m, s_
             continue
-        neutral = "0.0" if op_name(r) == "sum" else REDUCTIONS[op_name(r)]
+        # a tile accumulator: elementwise folds in the loop, one cross-lane reduction after it
+        name = op_name(r)
+        neutral = REDUCTIONS[name]
+        fold = {"sum": "{a} + {v}", "amax": "tl.maximum({a}, {v})", "amin": "tl.minimum({a}, {v})"}[name]
         acc = f"acc_{r.name}"
-        lines.append(f"{ind}{acc} = tl.full([BLOCK_R, 1], {neutral}, tl.float32)")
+        lines.append(f"{ind}{acc} = tl.full([BLOCK_R, BLOCK_C], {neutral}, tl.float32)")
         lines += chunk
         g.ensure(g.inputs_of(r), local, inner, lines, set(outer_loaded))
-        g.node(r, local, inner, lines, acc=acc)
-        env[r] = acc
+        val = f"tl.where(mask, {local[r.args[0]]}, {neutral})"
+        lines.append(f"{inner}{acc} = " + fold.format(a=acc, v=val))
+        fn = {"sum": "tl.sum", "amax": "tl.max", "amin": "tl.min"}[name]
+        lines.append(f"{ind}v_{r.name} = {fn}({acc}, axis=1)[:, None]")
+        env[r] = f"v_{r.name}"
     scal_outs = [o for o in g.m.outputs if not g.vec[o]]
     vec_outs = [o for o in g.m.outputs if g.vec[o]]
     g.ensure(scal_outs + [a for o in vec_outs for a in _scalar_ancestors(g, o, env)], env, ind, lines, outer_loaded)
