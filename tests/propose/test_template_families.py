@@ -141,6 +141,60 @@ CASES: dict[str, tuple[str, str]] = {
         def get_inputs(): return [torch.randn(7, 16), torch.randn(7, 5, 16)]
         def get_init_inputs(): return []
     """),
+    "layernorm_manual": ("row_reduction", """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.randn(96))
+                self.b = nn.Parameter(torch.randn(96))
+            def forward(self, x):
+                mu = x.mean(-1, keepdim=True)
+                var = ((x - mu) ** 2).mean(-1, keepdim=True)
+                return (x - mu) / torch.sqrt(var + 1e-5) * self.w + self.b
+        def get_inputs(): return [torch.randn(4, 5, 96)]
+        def get_init_inputs(): return []
+    """),
+    "embedding_bag_written_out": ("segment_reduction", """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(100, 24))
+            def forward(self, idx, offsets):
+                rows = self.weight.index_select(0, idx)
+                bag = torch.searchsorted(offsets, torch.arange(idx.numel()), right=True) - 1
+                sums = torch.zeros(offsets.numel(), rows.shape[1]).index_add_(0, bag, rows)
+                return sums / torch.bincount(bag, minlength=offsets.numel()).clamp(min=1).unsqueeze(1)
+        def get_inputs():
+            cuts = torch.sort(torch.randint(0, 30, (8,))).values
+            return [torch.randint(0, 100, (30,)), torch.cat([torch.zeros(1, dtype=torch.long), cuts])]
+        def get_init_inputs(): return []
+    """),
+    "dlrm_einsum": ("pairwise_interaction", """
+        class Model(nn.Module):
+            def forward(self, dense, sparse):
+                t = torch.cat([dense.unsqueeze(1), sparse], dim=1)
+                z = torch.einsum("bid,bjd->bij", t, t)
+                i, j = torch.tril_indices(t.shape[1], t.shape[1], offset=-1)
+                return torch.cat([dense, z[:, i, j]], dim=1)
+        def get_inputs(): return [torch.randn(7, 16), torch.randn(7, 5, 16)]
+        def get_init_inputs(): return []
+    """),
+    "fm_second_order": ("pairwise_interaction", """
+        class Model(nn.Module):
+            def forward(self, x):
+                return 0.5 * (x.sum(1) ** 2 - (x * x).sum(1)).sum(1, keepdim=True)
+        def get_inputs(): return [torch.randn(13, 7, 16)]
+        def get_init_inputs(): return []
+    """),
+    "hstu": ("attention", """
+        class Model(nn.Module):
+            def forward(self, q, k, v):
+                s = q.shape[-2]
+                mask = torch.tril(torch.ones(s, s))
+                return (F.silu(q @ k.transpose(-2, -1)) / s * mask) @ v
+        def get_inputs(): return [torch.randn(1, 2, 300, 16) for _ in range(3)]
+        def get_init_inputs(): return []
+    """),
     "attention_manual": ("attention", """
         class Model(nn.Module):
             def forward(self, q, k, v):
