@@ -142,7 +142,7 @@ class TemplateProposer:
             name = f"k{i}_{r.match.family}"
             try:
                 src = r.template.render(r.match, {k: v for k, v in cfg.items() if k != USE}, name)
-            except (CodegenError, TemplateError, KeyError, ValueError, NotImplementedError) as e:
+            except (CodegenError, TemplateError, KeyError, ValueError) as e:
                 log.info("region %s cannot render: %s", r.key, e)
                 self.broken.add(r.key)
                 continue
