@@ -2,20 +2,15 @@
 it gets are the families the problem is written to exercise."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from kernelevolve.problem import load_problem
 from kernelevolve.propose.template import plan_problem
+from tests.benchsuite import load_suite
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("bench_suite_plans", ROOT / "bench" / "suite.py")
-suite = importlib.util.module_from_spec(spec)
-sys.modules["bench_suite_plans"] = suite
-spec.loader.exec_module(suite)
+suite = load_suite()
 PROBLEMS = suite.problem_paths(None)
 
 

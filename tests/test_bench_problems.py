@@ -1,27 +1,17 @@
 """Every benchmark problem loads at its SMALL sizes and its reference runs on the CPU; the suite's helpers hold."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.benchsuite import load_suite
 from kernelevolve.problem import as_outputs, build_model, import_module_from_path, load_problem, make_inputs
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _suite():
-    spec = importlib.util.spec_from_file_location("bench_suite", ROOT / "bench" / "suite.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_suite"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-suite = _suite()
+suite = load_suite()
 PROBLEMS = suite.problem_paths(None)
 
 

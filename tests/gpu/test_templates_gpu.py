@@ -2,8 +2,6 @@
 interpreter) must match the reference for the default configuration and for mutated ones."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,20 +11,12 @@ from kernelevolve.problem import as_outputs, build_model, import_module_from_pat
 from kernelevolve.propose.base import ProposalContext
 from kernelevolve.propose.template import TemplateProposer
 from kernelevolve.templates.base import load_source
+from tests.benchsuite import load_suite
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def _suite():
-    spec = importlib.util.spec_from_file_location("bench_suite_gpu", ROOT / "bench" / "suite.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_suite_gpu"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-suite = _suite()
+suite = load_suite()
 PROBLEMS = suite.problem_paths(None)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.propose.base import ProposalContext
+from kernelevolve.search.select import runtime
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class TemplateProposer:
             return []
         mine = [node for node in ctx.history if node["proposer"] == self.name and "genome" in node["meta"]]
         tried = {genome_key(node["meta"]["genome"]) for node in mine}
-        ranked = sorted((node for node in mine if _runtime(node) is not None), key=_runtime)
+        ranked = sorted((node for node in mine if runtime(node) is not None), key=runtime)
         verified = [node for node in mine if node.get("result") is not None and node["result"].ok]
         parents = (ranked or verified)[:PARENTS]
         pool: list[tuple[str, dict[str, Any], int | None]] = [(lbl, g, None) for lbl, g in self._seeds(plan, ctx)]
@@ -232,11 +233,6 @@ class TemplateProposer:
             if len(out) >= n:
                 break
         return out
-
-
-def _runtime(node: dict[str, Any]) -> float | None:
-    r = node.get("result")
-    return r.runtime_ms if r is not None and r.ok and r.timed else None
 
 
 def _prior_knobs(bound: str | None, space: dict[str, list[Any]]) -> list[str]:

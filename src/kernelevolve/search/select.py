@@ -9,16 +9,17 @@ class Selector(Protocol):
         ...
 
 
-def _runtime(node: dict[str, Any]) -> float | None:
+def runtime(node: dict[str, Any]) -> float | None:
+    """A node's run time when it was verified and timed, else None."""
     r = node.get("result")
     return r.runtime_ms if r is not None and r.ok and r.timed else None
 
 
 def best_node(history: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
     """The fastest timed ok node; else the first verified one; with the reason for the choice."""
-    timed = [n for n in history if _runtime(n) is not None]
+    timed = [n for n in history if runtime(n) is not None]
     if timed:
-        return min(timed, key=_runtime), "fastest timed candidate"
+        return min(timed, key=runtime), "fastest timed candidate"
     verified = [n for n in history if n.get("result") is not None and n["result"].ok]
     if verified:
         return verified[0], "best verified candidate (no candidate was timed)"
@@ -29,7 +30,7 @@ class GreedySelector:
     """Best-first: expand the k fastest verified nodes."""
 
     def select(self, history: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
-        timed = sorted((n for n in history if _runtime(n) is not None), key=_runtime)
+        timed = sorted((n for n in history if runtime(n) is not None), key=runtime)
         if timed:
             return timed[:k]
         return [n for n in history if n.get("result") is not None and n["result"].ok][:k]
