@@ -10,7 +10,8 @@ import torch
 
 from kernelevolve.analyze.graph import CapturedGraph, capture, node_values
 from kernelevolve.problem import load_problem
-from kernelevolve.templates.base import load_source
+from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS
+from kernelevolve.templates.base import FILE_HEADER, load_source
 
 _count = itertools.count()
 
@@ -28,17 +29,9 @@ def run_match(template: Any, graph: CapturedGraph, match: Any, config: dict[str,
     cfg = {k: v[0] for k, v in space.items()}
     cfg.update(config or {})
     name = f"k{next(_count)}"
-    module = load_source("import torch\nimport triton\nimport triton.language as tl\n"
-                         "from triton.language.extra import libdevice\n" + _prelude() + template.render(match, cfg, name),
-                         name)
+    module = load_source(FILE_HEADER + PRELUDE_IMPORTS + "\n" + PRELUDE + template.render(match, cfg, name), name)
     values = node_values(graph)
     got = getattr(module, name)(*[values[n] for n in match.inputs])
     assert len(got) == len(match.outputs)
     for out, node in zip(got, match.outputs):
         torch.testing.assert_close(out, values[node], atol=atol, rtol=rtol)
-
-
-def _prelude() -> str:
-    from kernelevolve.analyze.pointwise import PRELUDE
-
-    return PRELUDE
