@@ -1,0 +1,102 @@
+"""Graph helpers shared by the template families: ATen arguments by name, view chains and the strides they make,
+values computed from constants alone."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from kernelevolve.analyze.graph import op_name, shape
+
+VIEW_OPS = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
+            "clone", "contiguous", "alias", "detach"}
+UPCASTS = {"_to_copy", "convert_element_type"}
+
+
+def bind(node: fx.Node) -> dict[str, Any]:
+    """Arguments of an ATen call by schema name, defaults filled in."""
+    out = {}
+    for i, a in enumerate(node.target._schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        else:
+            out[a.name] = node.kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+    return out
+
+
+def is_view(node: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and op_name(node) in VIEW_OPS
+
+
+def view_chain(node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """The first non-view ancestor of ``node`` and the views from it to ``node`` (in graph order)."""
+    chain = []
+    while is_view(node):
+        chain.append(node)
+        node = node.args[0]
+    return node, chain[::-1]
+
+
+def view_map(chain: list[fx.Node], root: fx.Node) -> tuple[tuple[int, ...], int] | None:
+    """Strides and offset, in elements of a contiguous ``root``, of the view that ``chain`` makes of it; None when
+    a step copies (a ``reshape`` that cannot be a view). Worked out on the meta device: no data is touched."""
+    env: dict[fx.Node, Any] = {root: torch.empty(shape(root), device="meta")}
+    sub = lambda a: env[a] if isinstance(a, fx.Node) else a  # noqa: E731
+    for n in chain:
+        name = op_name(n)
+        if name in ("clone", "contiguous", "alias", "detach"):
+            env[n] = env[n.args[0]]
+            continue
+        args = torch.utils._pytree.tree_map(sub, n.args)
+        kwargs = torch.utils._pytree.tree_map(sub, n.kwargs)
+        try:
+            env[n] = args[0].view(args[1]) if name in ("reshape", "_unsafe_view") else n.target(*args, **kwargs)
+        except RuntimeError:
+            return None
+    out = env[chain[-1]] if chain else env[root]
+    return tuple(out.stride()), out.storage_offset()
+
+
+def const_value(node: Any, gm: fx.GraphModule, memo: dict | None = None) -> Any:
+    """The value of a node computed from constants alone (``arange``, ``tril_indices``, lifted tensors), else None."""
+    memo = {} if memo is None else memo
+    if not isinstance(node, fx.Node):
+        return node
+    if node in memo:
+        return memo[node]
+    value = None
+    if node.op == "get_attr":
+        value = getattr(gm, node.target)
+    elif node.op == "call_function":
+        args = [const_value(a, gm, memo) for a in node.all_input_nodes]
+        if all(isinstance(a, torch.Tensor) for a in args):
+            env = dict(zip(node.all_input_nodes, args))
+            sub = lambda a: env[a] if isinstance(a, fx.Node) else a  # noqa: E731
+            with torch.no_grad():
+                value = node.target(*torch.utils._pytree.tree_map(sub, node.args),
+                                    **torch.utils._pytree.tree_map(sub, node.kwargs))
+    memo[node] = value
+    return value
+
+
+def ancestors_within(node: fx.Node, stop: set[fx.Node]) -> list[fx.Node]:
+    """``node`` and its call ancestors (constants, views) up to the nodes in ``stop``."""
+    seen, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if n in seen or n in stop or n.op == "placeholder":
+            continue
+        seen.append(n)
+        todo.extend(n.all_input_nodes)
+    return seen
+
+
+def closed(nodes: set[fx.Node], extra: list[fx.Node]) -> bool:
+    """Whether every user of ``extra`` lies inside ``nodes``: they are computed only for the region."""
+    return all(u in nodes for n in extra for u in n.users)
+
+
+def pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))

@@ -1,0 +1,175 @@
+"""The rendered segment-reduction source: one program pools one bag for one block of D; the launcher reads the bag
+layout."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from kernelevolve.analyze.graph import dtype
+from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit, compute_dtype, emit
+from kernelevolve.templates.base import Match
+from kernelevolve.templates.graphutil import pow2
+
+_BOUNDS = {
+    "offsets": ["start = tl.load(bnd_ptr + bag).to(tl.int64)",
+                "end = tl.load(bnd_ptr + bag + 1, mask=bag + 1 < n_bnd, other=N).to(tl.int64)"],
+    "ids": ["start = tl.load(bnd_ptr + bag).to(tl.int64)", "end = tl.load(bnd_ptr + bag + 1).to(tl.int64)"],
+    "lengths": ["end = tl.load(end_ptr + bag).to(tl.int64)", "start = end - tl.load(len_ptr + bag).to(tl.int64)"],
+    "fixed": ["start = bag.to(tl.int64) * {L}", "end = start + {L}"],
+}
+_BOUND_PARAMS = {"offsets": ["bnd_ptr", "n_bnd"], "ids": ["bnd_ptr", "perm_ptr"], "lengths": ["end_ptr", "len_ptr"],
+                 "fixed": []}
+
+
+def _lit(v: float) -> str:
+    return f"float('{v}')" if math.isinf(v) or math.isnan(v) else repr(float(v))
+
+
+def _loop(spec: dict, gather: bool) -> list[str]:
+    reduce, pad = spec["reduce"], spec.get("padding_idx")
+    lines = ["pos = j + tl.arange(0, BLOCK_L)", "lmask = pos < end"]
+    lines.append("src = tl.load(perm_ptr + pos, mask=lmask, other=0)" if spec["bags"] == "ids" else "src = pos")
+    lines.append("row = tl.load(idx_ptr + src, mask=lmask, other=0).to(tl.int64)" if gather else "row = src")
+    if pad is not None:
+        lines += [f"lmask = lmask & (row != {pad})", "cnt += lmask.to(tl.int32)"]
+    lines += ["if EVEN_D:", "    m2 = lmask[:, None]", "else:", "    m2 = lmask[:, None] & dmask[None, :]",
+              "x = tl.load(src_ptr + row[:, None] * stride_v + d[None, :] * stride_d, mask=m2, other=0.0)",
+              "x = x.to(tl.float32)"]
+    if "psw" in spec["roles"]:
+        lines.append("x = x * tl.load(psw_ptr + src, mask=lmask, other=0.0).to(tl.float32)[:, None]")
+    if reduce in ("sum", "mean"):
+        lines.append("acc += x")
+    else:
+        fn, fill = ("maximum", "-inf") if reduce == "max" else ("minimum", "inf")
+        lines.append(f"acc = tl.{fn}(acc, tl.where(m2, x, float('{fill}')))")
+    return lines
+
+
+def _finish(spec: dict) -> tuple[list[str], list[str]]:
+    reduce, init = spec["reduce"], spec["init"]
+    fill = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}[reduce]
+    lines = [f"r = tl.{ {'max': 'max', 'min': 'min'}.get(reduce, 'sum')}(acc, 0)"]
+    lines.append("n = tl.sum(cnt, 0)" if spec.get("padding_idx") is not None else "n = end - start")
+    if init is not None:
+        lines.append({"max": f"r = tl.maximum(r, {_lit(init)})", "min": f"r = tl.minimum(r, {_lit(init)})"}
+                     .get(reduce, f"r = r + {_lit(init)}"))
+    if reduce == "mean":
+        lines.append(f"r = r / tl.maximum(n + {spec['extra']}, 1).to(tl.float32)")
+    if spec["bags"] != "fixed" or spec.get("padding_idx") is not None:
+        lines.append(f"r = tl.where(n == 0, {_lit(spec['empty'])}, r)")
+    return [f"acc = tl.full([BLOCK_L, BLOCK_D], {fill}, tl.float32)"], lines
+
+
+def _epilogue(match: Match, lines: list[str]) -> list[str]:
+    """Loads of the epilogue's side inputs and its statements; returns the names of the values to store."""
+    spec = match.spec
+    by_name = {n.name: n for n in match.nodes}
+    pooled = by_name[spec["pooled"]]
+    if dtype(pooled) in (torch.float16, torch.bfloat16) and spec["epilogue"]:
+        lines.append(f"r = r.to({TL_DTYPES[dtype(pooled)]}).to(tl.float32)")  # the graph rounds the pooled rows
+    env: dict[fx.Node, str] = {pooled: "r", **{by_name[c]: "n" for c in spec.get("counts", [])}}
+    loads = {"tile": "tl.load(x{k}_ptr + bag * x{k}_sb + d * x{k}_sd, mask=dmask, other=0)",
+             "row": "tl.load(x{k}_ptr + bag * x{k}_sb)", "col": "tl.load(x{k}_ptr + d * x{k}_sd, mask=dmask, other=0)",
+             "scalar": "tl.load(x{k}_ptr)"}
+    for k, (cls, _, _) in spec["sides"].items():
+        inp = match.inputs[int(k)]
+        lines.append(f"s{k} = {loads[cls].format(k=k)}.to({compute_dtype(dtype(inp))})")
+        env[inp] = f"s{k}"
+    for i, name in enumerate(spec["epilogue"]):
+        n = by_name[name]
+        if can_emit(n):
+            env = emit([n], env, lines, prefix=f"e{i}_")
+        else:  # a view of a per-bag value: the same scalar in the kernel
+            env[n] = env[n.args[0]]
+    return [env[o] for o in match.outputs]
+
+
+_KERNEL = '''
+@triton.jit
+def {name}_kernel({params}, N, D, stride_v, stride_d,
+        BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
+    bag = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < D
+{body}
+'''
+
+_LAUNCHER = '''
+def {name}(*inputs):
+    src = inputs[{src}]
+{prep}
+    D = src.shape[1]
+    outs = [torch.empty({shape}, dtype=dt, device=src.device) for dt in ({dtypes})]
+    if S > 0 and D > 0:
+        grid = (S, triton.cdiv(D, {BLOCK_D}))
+        {name}_kernel[grid]({args}, N, D, src.stride(0), src.stride(1),
+            BLOCK_L={BLOCK_L}, BLOCK_D={BLOCK_D}, EVEN_D=D % {BLOCK_D} == 0,
+            num_warps={num_warps}, num_stages={num_stages})
+    return tuple(outs)
+'''
+
+
+def _prep(spec: dict, gather: bool) -> tuple[list[str], list[str]]:
+    """Launcher statements that read the bag layout, and the kernel arguments they provide."""
+    r, bags = spec["roles"], spec["bags"]
+    lines = [f"idx = inputs[{r['idx']}].reshape(-1)", "N = idx.numel()",
+             "assert src.dim() == 2, 'the table must be 2-D'"] if gather else [
+        "assert src.dim() == 2, 'the values must be 2-D'", "N = src.shape[0]"]
+    args = ["src", "idx"] if gather else ["src"]
+    if bags == "offsets":
+        lines += [f"bnd = inputs[{r['offsets']}].reshape(-1)",
+                  f"S = bnd.numel() - {int(bool(spec.get('include_last')))}"]
+        args += ["bnd", "bnd.numel()"]
+    elif bags == "lengths":
+        lines += [f"lens = inputs[{r['lengths']}].reshape(-1)", "ends = torch.cumsum(lens, 0)", "S = lens.numel()"]
+        args += ["ends", "lens"]
+    elif bags == "fixed":
+        lines += [f"assert N % {spec['L']} == 0, 'indices do not split into bags of {spec['L']}'",
+                  f"S = N // {spec['L']}"]
+    else:
+        lines += [f"ids = inputs[{r['ids']}].reshape(-1)", "assert ids.numel() == N, 'one segment id per row'",
+                  f"S = {spec['S']}", "perm = torch.argsort(ids, stable=True)",
+                  "bnd = torch.searchsorted(ids[perm], torch.arange(S + 1, device=ids.device, dtype=ids.dtype))"]
+        args += ["bnd", "perm"]
+    if "psw" in r:
+        lines.append(f"psw = inputs[{r['psw']}].reshape(-1)")
+        args.append("psw")
+    return lines, args
+
+
+def _render(match: Match, config: dict[str, Any], name: str) -> str:
+    spec = match.spec
+    gather = "table" in spec["roles"]
+    block_d = min(int(config.get("BLOCK_D", 128)), pow2(spec["D"]))
+    block_l = min(int(config.get("BLOCK_L", 16)), pow2(spec.get("L", 1 << 20)))
+    params = ["src_ptr"] + (["idx_ptr"] if gather else []) + _BOUND_PARAMS[spec["bags"]]
+    params += ["psw_ptr"] if "psw" in spec["roles"] else []
+    prep, args = _prep(spec, gather)
+    for k, (cls, bdim, ddim) in spec["sides"].items():
+        params.append(f"x{k}_ptr")
+        args.append(f"inputs[{k}]")
+        for tag, dim, used in (("sb", bdim, cls in ("tile", "row")), ("sd", ddim, cls in ("tile", "col"))):
+            if used:
+                params.append(f"x{k}_{tag}")
+                args.append(f"inputs[{k}].stride({dim})")
+    outs = [f"out{i}_ptr" for i in range(len(match.outputs))]
+    init, finish = _finish(spec)
+    body = [line.format(L=spec.get("L")) for line in _BOUNDS[spec["bags"]]] + init
+    if spec.get("padding_idx") is not None:
+        body.append("cnt = tl.zeros([BLOCK_L], tl.int32)")
+    body += ["for j in range(start, end, BLOCK_L):"] + ["    " + ln for ln in _loop(spec, gather)] + finish
+    values = _epilogue(match, body)
+    for i, (v, o) in enumerate(zip(values, match.outputs)):
+        body.append(f"tl.store(out{i}_ptr + bag * D + d, {v}.to({TL_DTYPES[dtype(o)]}), mask=dmask)")
+    shape_text = "(" + ", ".join(["S", *map(str, spec["tile"][1:-1]), "D"]) + ",)"
+    kernel = _KERNEL.format(name=name, params=", ".join(params + outs), body="\n".join("    " + b for b in body))
+    launcher = _LAUNCHER.format(
+        name=name, src=spec["roles"].get("table", spec["roles"].get("values")),
+        prep="\n".join("    " + p for p in prep),
+        shape=shape_text, dtypes="".join(f"{dtype(o)}, " for o in match.outputs),
+        args=", ".join(args + ["outs[%d]" % i for i in range(len(outs))]), BLOCK_D=block_d, BLOCK_L=block_l,
+        num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1)))
+    return kernel + launcher

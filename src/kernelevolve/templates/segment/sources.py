@@ -1,0 +1,147 @@
+"""Recognising the pooled value of a segment reduction: the rows it pools (a gather of a table, or a values tensor)
+and the bags, as segment ids, lengths or offsets."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from kernelevolve.analyze.graph import dtype, op_name, shape
+from kernelevolve.templates.graphutil import UPCASTS, ancestors_within, bind, const_value, view_chain, view_map
+
+
+def _gather(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(table, indices) when ``node`` gathers rows of a 2-D table."""
+    name = op_name(node)
+    if name == "embedding":
+        table, idx = node.args[0], node.args[1]
+    elif name == "index_select" and node.args[1] == 0:
+        table, idx = node.args[0], node.args[2]
+    elif name == "index" and len(node.args[1]) == 1 and isinstance(node.args[1][0], fx.Node):
+        table, idx = node.args[0], node.args[1][0]
+    else:
+        return None
+    if len(shape(table)) != 2 or dtype(idx) not in (torch.int64, torch.int32):
+        return None
+    return table, idx
+
+
+def _values(node: fx.Node, n_rows: int) -> tuple[dict[str, fx.Node], list[fx.Node]] | None:
+    """The source of pooled rows [N, D]: roles (table, idx, psw or values) and the nodes absorbed."""
+    roles: dict[str, fx.Node] = {}
+    nodes: list[fx.Node] = []
+    while op_name(node) in UPCASTS and dtype(node) in (torch.float32, torch.float64) and len(node.users) == 1:
+        nodes.append(node)
+        node = node.args[0]
+    if op_name(node) == "mul" and len(node.users) == 1 and all(isinstance(a, fx.Node) for a in node.args):
+        a, b = node.args if shape(node.args[1]) == (n_rows, 1) else node.args[::-1]
+        if shape(b) == (n_rows, 1) and shape(a) == shape(node):
+            nodes.append(node)
+            root, chain = view_chain(b)
+            keep = len(shape(root)) == 1 and all(len(c.users) == 1 for c in chain)
+            roles["psw"] = root if keep else b
+            nodes += chain if keep else []
+            node = a
+    found = _gather(node) if len(node.users) == 1 else None
+    if found is None:
+        if roles:
+            return None
+        return {"values": node}, nodes
+    nodes.append(node)
+    roles["table"], roles["idx"] = found
+    return roles, nodes
+
+
+def _segment_ids(index: fx.Node, n_rows: int) -> tuple[fx.Node, list[fx.Node]] | None:
+    """The [N] segment ids a scatter index [N, D] broadcasts, with the views absorbed."""
+    root, chain = view_chain(index)
+    if len(shape(root)) not in (1, 2) or math.prod(shape(root)) != n_rows or len(shape(index)) != 2:
+        return None
+    found = view_map(chain, root)
+    if found is None or found[1] != 0 or shape(index)[0] != n_rows or (n_rows > 1 and found[0][0] != 1):
+        return None
+    if shape(index)[1] > 1 and found[0][1] != 0:
+        return None
+    if not all(u in chain for c in chain[:-1] for u in c.users):
+        return None
+    return root, chain
+
+
+def _from_lengths(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node]] | None:
+    """``repeat_interleave(lengths)`` (possibly through ``arange(S)[...]``): sorted ids, bags given by lengths."""
+    nodes = []
+    if op_name(ids) == "index_select" and ids.args[1] == 0:
+        base = const_value(ids.args[0], gm)
+        if base is None or not torch.equal(base, torch.arange(n_bags, dtype=base.dtype)):
+            return None
+        nodes = ancestors_within(ids.args[0], set()) + [ids]
+        ids = ids.args[2]
+    if op_name(ids) != "repeat_interleave" or len(ids.args) != 1:
+        return None
+    lengths = ids.args[0]
+    if shape(lengths) != (n_bags,):
+        return None
+    return lengths, nodes + [ids]
+
+
+def _from_offsets(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Node, bool, list[fx.Node]] | None:
+    """``searchsorted(offsets, arange(N), right=True) - 1`` (or ``bucketize``): the bag of every position, sorted by
+    construction, so the offsets are the bags. Returns the offsets, whether they also hold the end of the last bag
+    (one more offset than bags), and the nodes that built the ids."""
+    if op_name(ids) != "sub" or len(ids.args) != 2 or ids.args[1] != 1 or ids.kwargs.get("alpha", 1) != 1:
+        return None
+    found, name = ids.args[0], op_name(ids.args[0])
+    if name not in ("searchsorted", "bucketize") or len(shape(ids)) != 1:
+        return None
+    b = bind(found)
+    if name == "searchsorted":
+        offsets, pos = b["sorted_sequence"], b["self"]
+        right = (b["right"] or b.get("side") == "right") and b.get("sorter") is None
+    else:
+        offsets, pos, right = b["boundaries"], b["self"], b["right"]
+    if not right or not isinstance(offsets, fx.Node) or len(shape(offsets)) != 1:
+        return None
+    value = const_value(pos, gm)
+    n_off = shape(offsets)[0]
+    if value is None or not torch.equal(value, torch.arange(shape(ids)[0], dtype=value.dtype)):
+        return None
+    if n_bags not in (n_off, n_off - 1):
+        return None
+    return offsets, n_bags == n_off - 1, ancestors_within(pos, set()) + [found, ids]
+
+
+def _slice_range(node: Any, source: fx.Node) -> range | None:
+    """The positions a 1-D ``slice`` of ``source`` keeps."""
+    if not isinstance(node, fx.Node) or op_name(node) != "slice" or node.args[0] is not source:
+        return None
+    b = bind(node)
+    return range(shape(source)[0])[b["start"]:b["end"]:b["step"]] if b["dim"] in (0, -1) else None
+
+
+def _counts(spec: dict, roles: dict, nodes: list[fx.Node]) -> list[list[fx.Node]]:
+    """Per-bag values the graph computes beside the pooling that equal ``end - start`` of each bag: the
+    ``bincount(ids, minlength=S)`` of offset-built ids, or ``offsets[1:] - offsets[:-1]`` (``diff``) when the offsets
+    hold the last end. Each is [count node, the nodes under it]; in the kernel they are ``n``."""
+    off = roles.get("offsets")
+    if spec["bags"] != "offsets" or off is None or spec.get("padding_idx") is not None:
+        return []
+    n_off = shape(off)[0]
+    n_bags = n_off - int(bool(spec.get("include_last")))
+    inside = set(nodes)
+    found = []
+    for ids in nodes:
+        if op_name(ids) == "sub" and op_name(ids.args[0]) in ("searchsorted", "bucketize") and ids.args[0] in inside:
+            for u in ids.users:
+                b = bind(u) if op_name(u) == "bincount" else {}
+                if b and b["weights"] is None and b["minlength"] == n_bags and shape(u) == (n_bags,):
+                    found.append([u])
+    if spec.get("include_last"):
+        for u in {u for sl in off.users if op_name(sl) == "slice" for u in sl.users}:
+            if op_name(u) != "sub" or len(u.args) != 2 or u.kwargs.get("alpha", 1) != 1:
+                continue
+            hi, lo = _slice_range(u.args[0], off), _slice_range(u.args[1], off)
+            if hi == range(1, n_off) and lo == range(0, n_off - 1) and all(len(a.users) == 1 for a in u.args):
+                found.append([u, *u.args])
+    return found
