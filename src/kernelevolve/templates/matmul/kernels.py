@@ -1,0 +1,167 @@
+"""The rendered Triton kernel text: the tiled GEMM, the split-K reduction and the fused two-layer kernel, each with
+its pointwise epilogue before the one store."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _precision(dot: str, mode: str | None) -> str:
+    return f', input_precision="{mode}"' if dot == "tl.float32" and mode else ""
+
+
+def _dot(out: str, x: str, y: str, acc: str | None, dot: str, prec: str) -> list[str]:
+    """``out = x @ y (+ acc)``. The interpreter multiplies bf16 bit patterns in tl.dot (triton#11584), so there, and
+    only there (UPCAST is a constexpr), bf16 operands are widened first."""
+    tail = f", {acc}{prec})" if acc else f"{prec})"
+    line = f"{out} = tl.dot({x}, {y}{tail}"
+    if dot != "tl.bfloat16":
+        return [line]
+    return ["if UPCAST:", f"    {out} = tl.dot({x}.to(tl.float32), {y}.to(tl.float32){tail}", "else:", f"    {line}"]
+
+
+def upcast_flag(name: str, kernel: str) -> str:
+    return f'{name}_UPCAST = type({kernel}).__name__ == "InterpretedFunction"'
+
+
+def _epi_ptrs(st: dict[str, Any], stores: bool = True) -> list[str]:
+    ptrs = [f"{e['var']}_ptr" for e in st["extras"]]
+    return ptrs + ([f"{st['tag']}_o{j}_ptr" for j in range(len(st["stores"]))] if stores else [])
+
+
+def _epi_strides(st: dict[str, Any]) -> list[str]:
+    return [f"{e['var']}_s{d}" for e in st["extras"] for d in e["dims"]]
+
+
+def _load_extra(e: dict[str, str], rn: str, mask_n: str, mask: str) -> str:
+    v, dims = e["var"], e["dims"]
+    off = [f"{v}_ptr"] + ([f"rb64 * {v}_sb"] if "b" in dims else [])
+    if "m" in dims and "n" in dims:
+        off, m, tail = off + [f"rm64[:, None] * {v}_sm", f"{rn}[None, :] * {v}_sn"], mask, ""
+    elif "m" in dims:
+        off, m, tail = off + [f"rm64 * {v}_sm"], "mask_m", "[:, None]"
+    elif "n" in dims:
+        off, m, tail = off + [f"{rn} * {v}_sn"], mask_n, "[None, :]"
+    else:
+        m, tail = None, ""
+    load = f"tl.load({' + '.join(off)}" + (f", mask={m}, other=0)" if m else ")")
+    return f"{v} = {load}{tail}.to({e['type']})"
+
+
+def _epilogue(st: dict[str, Any], rn: str = "rn", mask_n: str = "mask_n", mask: str = "mask", n: str = "N",
+              stores: bool = True) -> list[str]:
+    # 64-bit row offsets: an lm-head output (16384 x 128256) passes 2**31 elements
+    out = ["rm64 = rm.to(tl.int64)"] + [_load_extra(e, rn, mask_n, mask) for e in st["extras"]] + list(st["lines"])
+    if stores and st["stores"]:
+        out.append(f"out_off = rb64 * M * {n} + rm64[:, None] * {n} + {rn}[None, :]")
+        for j, s in enumerate(st["stores"]):
+            p = f"{st['tag']}_o{j}_ptr"
+            out.append(f"tl.store({p} + out_off, {s['var']}.to({p}.dtype.element_ty), mask={mask})")
+    return out
+
+
+def _indent(lines: list[str], depth: int) -> list[str]:
+    return [" " * (4 * depth) + line for line in lines]
+
+
+def _k_loop(loads: list[tuple[str, str, str, str, str]], dots: list[str], step: str) -> list[str]:
+    """The K loop body; a load is (var, pointer, mask when K divides evenly, mask otherwise, cast)."""
+    def load(v: str, p: str, m: str, c: str) -> str:
+        return f"{v} = tl.load({p}, mask={m}, other=0.0){c}" if m else f"{v} = tl.load({p}){c}"
+
+    full = [load(v, p, m, c) for v, p, m, _, c in loads]
+    masked = [load(v, p, m, c) for v, p, _, m, c in loads]
+    return ["if EVEN_K:"] + _indent(full, 1) + ["else:", f"    k_left = K - k * {step}"] + _indent(masked, 1) + dots
+
+
+def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str) -> str:
+    nb, tag = len(st["bs"]), st["tag"]
+    ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)]
+    strides = ["s_ab", "s_am", "s_ak"] + [f"s_b{j}{d}" for j in range(nb) for d in "bkn"]
+    if split_k == 1:
+        ptrs, strides = ptrs + _epi_ptrs(st), strides + _epi_strides(st)
+    else:
+        ptrs.append("ws_ptr")
+    ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
+    loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac)]
+    loads += [(f"b{j}", f"b{j}_ptrs", "", "rk[:, None] < k_left", f".to({b['cast']})" if b["cast"] else "")
+              for j, b in enumerate(st["bs"])]
+    accs = st["accs"]
+    dots = [line for j, acc in enumerate(accs) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
+    steps = ["a_ptrs += (BLOCK_K * SPLIT_K) * s_ak"]
+    steps += [f"b{j}_ptrs += (BLOCK_K * SPLIT_K) * s_b{j}k" for j in range(nb)]
+    body = ["pid = tl.program_id(0)", "rb64 = tl.program_id(1).to(tl.int64)", "grid_m = tl.cdiv(M, BLOCK_M)",
+            "grid_n = tl.cdiv(N, BLOCK_N)", "width = GROUP_M * grid_n", "first_m = (pid // width) * GROUP_M",
+            "size_m = min(grid_m - first_m, GROUP_M)", "pid_m = first_m + (pid % width) % size_m",
+            "pid_n = (pid % width) // size_m", "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+            "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", "rk = tl.program_id(2) * BLOCK_K + tl.arange(0, BLOCK_K)",
+            # rows/columns past the edge read wrapped data (never stored), so the K loop needs no M/N masks
+            "a_ptrs = a_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak"]
+    body += [f"b{j}_ptrs = b{j}_ptr + rb64 * s_b{j}b + rk[:, None] * s_b{j}k + (rn % N)[None, :] * s_b{j}n"
+             for j in range(nb)]
+    body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
+    body += ["for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):"]
+    body += _indent(_k_loop(loads, dots, "(BLOCK_K * SPLIT_K)") + steps, 1)
+    body += ["mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"]
+    if split_k == 1:
+        body += _epilogue(st)
+    else:
+        body += ["plane = tl.num_programs(1).to(tl.int64) * M * N",
+                 "ws_off = rb64 * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]"]
+        body += [f"tl.store(ws_ptr + ({j} * SPLIT_K + tl.program_id(2)) * plane + ws_off, {acc}, mask=mask)"
+                 for j, acc in enumerate(accs)]
+    head = [f"def {name}_{tag}_kernel({', '.join(ptrs + ['M', 'N', 'K'] + strides)},",
+            "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,",
+            "        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):"]
+    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+
+
+def reduce_kernel(name: str, st: dict[str, Any]) -> str:
+    """Second pass of split-K: sum the fp32 partials, then the epilogue."""
+    params = ["ws_ptr"] + _epi_ptrs(st) + ["M", "N"] + _epi_strides(st)
+    body = ["pid = tl.program_id(0)", "rb64 = tl.program_id(1).to(tl.int64)", "grid_n = tl.cdiv(N, BLOCK_N)",
+            "rm = (pid // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)",
+            "rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)",
+            "mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]",
+            "plane = tl.num_programs(1).to(tl.int64) * M * N",
+            "ws_ptrs = ws_ptr + rb64 * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]"]
+    for j, acc in enumerate(st["accs"]):
+        body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)", "for s in tl.static_range(SPLIT_K):",
+                 f"    {acc} += tl.load(ws_ptrs + ({j} * SPLIT_K + s) * plane, mask=mask, other=0.0)"]
+    body += _epilogue(st)
+    head = [f"def {name}_{st['tag']}_reduce({', '.join(params)},",
+            "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):"]
+    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+
+
+def fused_kernel(name: str, s0: dict[str, Any], s1: dict[str, Any], prec0: str, prec1: str) -> str:
+    """Two chained batched layers per (row block, batch): the first layer's whole output row block stays in
+    registers (H <= 256) and feeds the second layer's dots, which loop over the output columns."""
+    ptrs = ["a_ptr", "b_ptr", "c_ptr"] + _epi_ptrs(s0, stores=False) + _epi_ptrs(s1)
+    strides = ["s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_ck", "s_cn"]
+    strides += _epi_strides(s0) + _epi_strides(s1)
+    ac = f".to({s0['a']['cast']})" if s0["a"]["cast"] else ""
+    bc = f".to({s0['bs'][0]['cast']})" if s0["bs"][0]["cast"] else ""
+    cc = f".to({s1['bs'][0]['cast']})" if s1["bs"][0]["cast"] else ""
+    acc0, acc1 = s0["accs"][0], s1["accs"][0]
+    loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac),
+             ("b", "b_ptrs", "mask_h[None, :]", "(rk[:, None] < k_left) & mask_h[None, :]", bc)]
+    body = ["pid_m = tl.program_id(0)", "rb64 = tl.program_id(1).to(tl.int64)",
+            "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "rh = tl.arange(0, BLOCK_H)", "rk = tl.arange(0, BLOCK_K)",
+            "mask_m = rm < M", "mask_h = rh < H", "mask0 = mask_m[:, None] & mask_h[None, :]",
+            "a_ptrs = a_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak",
+            "b_ptrs = b_ptr + rb64 * s_bb + rk[:, None] * s_bk + rh[None, :] * s_bn",
+            f"{acc0} = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)", "for k in range(0, tl.cdiv(K, BLOCK_K)):"]
+    body += _indent(_k_loop(loads, _dot(acc0, "a", "b", acc0, s0["dot"], prec0), "BLOCK_K")
+                    + ["a_ptrs += BLOCK_K * s_ak", "b_ptrs += BLOCK_K * s_bk"], 1)
+    body += _epilogue(s0, "rh", "mask_h", "mask0", "H", stores=False)
+    # padded columns must be exact zeros: an epilogue such as sigmoid turns the zero padding into 0.5
+    body += [f"hv = tl.where(mask_h[None, :], {s0['stores'][0]['var']}, 0.0).to({s1['dot']})",
+             "c_ptrs = c_ptr + rb64 * s_cb + rh[:, None] * s_ck", "for n0 in range(0, N, BLOCK_N):"]
+    loop = ["rn = n0 + tl.arange(0, BLOCK_N)", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]",
+            f"c = tl.load(c_ptrs + rn[None, :] * s_cn, mask=mask_h[:, None] & mask_n[None, :], other=0.0){cc}",
+            *_dot(acc1, "hv", "c", None, s1["dot"], prec1)]
+    body += _indent(loop + _epilogue(s1), 1)
+    head = [f"def {name}_kernel({', '.join(ptrs + ['M', 'K', 'H', 'N'] + strides)},",
+            "        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,",
+            "        EVEN_K: tl.constexpr, UPCAST: tl.constexpr):"]
+    return "\n".join(["@triton.jit"] + head + _indent(body, 1))

@@ -1,0 +1,182 @@
+"""Config space and launcher text: the knobs and their defaults, the clamping that keeps every configuration
+compilable, and the Python functions that prepare operands and launch the kernels of a stage."""
+from __future__ import annotations
+
+from typing import Any
+
+from kernelevolve.templates.base import Match
+from kernelevolve.templates.matmul.kernels import _precision, gemm_kernel, reduce_kernel, upcast_flag
+
+SMEM_BYTES = 200 * 1024  # H100/H200 allow 227 KB per block; the rest is left to the epilogue's layout conversion
+REDUCE_BLOCK = (32, 128)
+SMS = 132
+
+KNOBS: dict[str, list[Any]] = {"BLOCK_M": [128, 64, 256, 32], "BLOCK_N": [128, 64, 256, 32], "BLOCK_K": [64, 32, 128],
+                               "GROUP_M": [8, 4, 1], "SPLIT_K": [1, 2, 4, 8], "num_warps": [4, 8],
+                               "num_stages": [3, 4, 2, 5]}
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _itemsize(tl_dtype: str) -> int:
+    return 4 if tl_dtype == "tl.float32" else 2
+
+
+def _first(value: Any, values: list[Any]) -> list[Any]:
+    return [value] + [v for v in values if v != value]
+
+
+def fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, n_b: int) -> dict[str, Any]:
+    """Clamp a configuration: blocks no larger than the problem, accumulators within the registers, pipeline
+    buffers within shared memory. Every combination of the knob values renders a kernel that compiles."""
+    bm = min(config["BLOCK_M"], max(16, _pow2(sizes["M"])))
+    bn = min(config["BLOCK_N"], max(16, _pow2(sizes["N"])))
+    bk = min(config["BLOCK_K"], max(16, _pow2(sizes["K"])))
+    warps, stages = config["num_warps"], config["num_stages"]
+    while n_b * bm * bn > 128 * 32 * warps:  # more than 128 fp32 accumulator registers per thread spills
+        if warps < 8:
+            warps = 8
+        elif bn >= bm:
+            bn //= 2
+        else:
+            bm //= 2
+    while stages > 2 and stages * (bm + n_b * bn) * bk * itemsize > SMEM_BYTES:
+        stages -= 1
+    while bk > 16 and stages * (bm + n_b * bn) * bk * itemsize > SMEM_BYTES:
+        bk //= 2
+    split = max(1, min(config.get("SPLIT_K", 1), -(-sizes["K"] // bk)))
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": config.get("GROUP_M", 8), "SPLIT_K": split,
+            "num_warps": warps, "num_stages": stages}
+
+
+def precisions(dot: str, allow_tf32: bool) -> list[str]:
+    """fp32 dot modes, the default first: exact FMA unless tf32 is allowed; tf32x3 (three tf32 tensor-core dots on
+    a hi/lo split) keeps about fp32 accuracy and is left to the search."""
+    if dot != "tl.float32":
+        return []
+    return ["tf32", "tf32x3", "ieee"] if allow_tf32 else ["ieee", "tf32x3"]
+
+
+def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = False) -> dict[str, list[Any]]:
+    m, n, k, bt = sizes["M"], sizes["N"], sizes["K"], sizes["Bt"]
+    ieee = dot == "tl.float32" and not allow_tf32
+    tiles = [(128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32)][n_b > 1 or ieee:]
+    fitting = [(bm, bn) for bm, bn in tiles if bm <= max(32, _pow2(m)) and bn <= max(32, _pow2(n))]
+    count = lambda t: bt * -(-m // t[0]) * -(-n // t[1])  # noqa: E731
+    # the largest tile that still gives two waves over the 132 SMs of an H100/H200 (a 4096x1024x1024 bf16 GEMM:
+    # 64x128 tiles 0.030 ms, 128x128 0.060 ms)
+    bm, bn = next((t for t in fitting if count(t) >= 2 * SMS), fitting[-1])
+    split = 1
+    while split < 8 and count((bm, bn)) * split < SMS and k // (split * 2) >= 256:
+        split *= 2
+    default = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32 if ieee else 64, "GROUP_M": 8, "SPLIT_K": split,
+               "num_warps": 8 if n_b * bm * bn >= 128 * 256 else 4, "num_stages": 3}
+    space = {key: _first(default[key], values) for key, values in KNOBS.items()}
+    return {**space, "INPUT_PRECISION": precisions(dot, allow_tf32)} if dot == "tl.float32" else space
+
+
+def fit_fused(config: dict[str, Any], s0: dict[str, int], s1: dict[str, int], itemsize: int) -> dict[str, Any]:
+    bm = min(config["BLOCK_M"], max(16, _pow2(s0["M"])))
+    bk = min(config["BLOCK_K"], max(16, _pow2(s0["K"])))
+    bn = min(config["BLOCK_N"], max(16, _pow2(s1["N"])))
+    bh = max(16, _pow2(s0["N"]))
+    warps, stages = config["num_warps"], config["num_stages"]
+    while bm > 16 and bm * (bh + bn) > 128 * 32 * warps:  # both accumulators live at once
+        if warps < 8:
+            warps = 8
+        else:
+            bm //= 2
+    while stages > 2 and (stages * (bm + bh) * bk + bh * bn) * itemsize > SMEM_BYTES:
+        stages -= 1
+    while bk > 16 and (stages * (bm + bh) * bk + bh * bn) * itemsize > SMEM_BYTES:
+        bk //= 2
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+
+
+def _launch_strides(st: dict[str, Any], var: str = "e") -> list[str]:
+    return [f"{var}[{j}].stride({'bmn'.index(d)})" for j, e in enumerate(st["extras"]) for d in e["dims"]]
+
+
+def prep_text(name: str, st: dict[str, Any], params: list[str], stores: bool = True) -> str:
+    """Extra operands broadcast to the output (strides, no copies where a view does) and the outputs allocated."""
+    outs = st["stores"] if stores else []
+    extras = "".join(f"{e['expr']}, " for e in st["extras"])
+    allocs = "".join(f"torch.empty((Bt, M, N), device=device, dtype={s['dtype']}), " for s in outs)
+    views = "".join(f"o[{j}].view{s['shape']}, " for j, s in enumerate(outs))
+    return "\n".join([f"def {name}_{st['tag']}_prep(Bt, M, N, device, {', '.join(params)}):",
+                      f"    e = ({extras})", f"    o = ({allocs})", f"    return e, o, ({views})"])
+
+
+def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[str]) -> str:
+    tag, nb, sk = st["tag"], len(st["bs"]), cfg["SPLIT_K"]
+    un = "" if st["batched"] else ".unsqueeze(0)"
+    bs = ", ".join(f"b{j}" for j in range(nb))
+    lines = [f"def {name}_{tag}({', '.join(params)}):", f"    a = ({st['a']['expr']}){un}"]
+    lines += [f"    b{j} = ({b['expr']}){un}" for j, b in enumerate(st["bs"])]
+    lines += ["    Bt, M, K = a.shape", "    N = b0.shape[2]"]
+    for j in range(nb):
+        lines += [f"    if tuple(b{j}.shape) != (Bt, K, N):",
+                  f"        raise ValueError(f'{name}: cannot multiply {{tuple(a.shape)}} by {{tuple(b{j}.shape)}}')"]
+    lines.append(f"    e, o, views = {name}_{tag}_prep(Bt, M, N, a.device, {', '.join(params)})")
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    grid = f"(triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}), Bt, {sk})"
+    strides = "*a.stride(), " + "".join(f"*b{j}.stride(), " for j in range(nb))
+    consts = (f"BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, GROUP_M={cfg['GROUP_M']}, SPLIT_K={sk}, "
+              f"EVEN_K=K % {bk * sk} == 0, UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "
+              f"num_stages={cfg['num_stages']}")
+    extra_strides = "".join(f"{s}, " for s in _launch_strides(st))
+    if sk == 1:
+        lines.append(f"    {name}_{tag}_kernel[{grid}](a, {bs}, *e, *o, M, N, K, {strides}{extra_strides}{consts})")
+    else:
+        rm, rn = REDUCE_BLOCK
+        lines += [f"    ws = torch.empty(({nb}, {sk}, Bt, M, N), device=a.device, dtype=torch.float32)",
+                  f"    {name}_{tag}_kernel[{grid}](a, {bs}, ws, M, N, K, {strides}{consts})",
+                  f"    {name}_{tag}_reduce[(triton.cdiv(M, {rm}) * triton.cdiv(N, {rn}), Bt)](ws, *e, *o, M, N, "
+                  f"{extra_strides}BLOCK_M={rm}, BLOCK_N={rn}, SPLIT_K={sk}, num_warps=4)"]
+    lines.append("    return views")
+    return "\n".join(lines)
+
+
+def launcher_text(name: str, match: Match, calls: list[tuple[str, list[str], list[str]]]) -> str:
+    """``def name(*inputs)``: unpack the inputs, run each (function, arguments, results), return the outputs."""
+    ins = [f"x_{n.name}" for n in match.inputs]
+    lines = [f"def {name}(*inputs):", f"    {', '.join(ins)}, = inputs"]
+    lines += [f"    {', '.join(res)}, = {fn}({', '.join(args)})" for fn, args, res in calls]
+    lines.append(f"    return ({''.join(f'x_{o.name}, ' for o in match.outputs)})")
+    return "\n".join(lines)
+
+
+def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: str) -> list[str]:
+    """Kernel(s), prep and stage function of one GEMM stage."""
+    cfg = fit(config, st["sizes"], _itemsize(st["dot"]), len(st["bs"]))
+    prec = _precision(st["dot"], config.get("INPUT_PRECISION", "ieee"))
+    params = [f"x_{n.name}" for n in match.inputs] + match.spec.get("intermediates", [])[:int(st["tag"][1:])]
+    parts = [gemm_kernel(name, st, cfg["SPLIT_K"], prec)]
+    if st["tag"] == "s0":
+        parts.append(upcast_flag(name, f"{name}_s0_kernel"))
+    if cfg["SPLIT_K"] > 1:
+        parts.append(reduce_kernel(name, st))
+    return parts + [prep_text(name, st, params), stage_text(name, st, cfg, params)]
+
+
+def fused_launcher(name: str, match: Match, s0: dict[str, Any], s1: dict[str, Any], cfg: dict[str, Any]) -> str:
+    ins = [f"x_{n.name}" for n in match.inputs]
+    params = ", ".join(ins)
+    strides = ", ".join(["*a.stride(), *b.stride(), *c.stride()"] + _launch_strides(s0, "e0")
+                        + _launch_strides(s1, "e1"))
+    bm, bk = cfg["BLOCK_M"], cfg["BLOCK_K"]
+    views = {s["name"]: f"views[{j}]" for j, s in enumerate(s1["stores"])}
+    return "\n".join([
+        f"def {name}(*inputs):", f"    {params}, = inputs", f"    a = {s0['a']['expr']}",
+        f"    b = {s0['bs'][0]['expr']}", f"    c = {s1['bs'][0]['expr']}", "    Bt, M, K = a.shape",
+        "    H, N = b.shape[2], c.shape[2]", "    if tuple(b.shape) != (Bt, K, H) or tuple(c.shape) != (Bt, H, N):",
+        f"        raise ValueError(f'{name}: cannot chain {{tuple(a.shape)}}, {{tuple(b.shape)}}, {{tuple(c.shape)}}')",
+        f"    e0, _, _ = {name}_{s0['tag']}_prep(Bt, M, H, a.device, {params})",
+        f"    e1, o, views = {name}_{s1['tag']}_prep(Bt, M, N, a.device, {params})",
+        f"    {name}_kernel[(triton.cdiv(M, {bm}), Bt)](a, b, c, *e0, *e1, *o, M, K, H, N, {strides},",
+        f"        BLOCK_M={bm}, BLOCK_K={bk}, BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_N={cfg['BLOCK_N']},",
+        f"        EVEN_K=K % {bk} == 0, UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "
+        f"num_stages={cfg['num_stages']})",
+        f"    return ({''.join(views[f'x_{o.name}'] + ', ' for o in match.outputs)})"])
