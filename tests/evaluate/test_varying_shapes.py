@@ -1,0 +1,58 @@
+"""Problems whose input shapes change from draw to draw (jagged totals): the re-call and the timed input sets need
+draws of one shape, and a genuine candidate must pass."""
+import textwrap
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig
+from kernelevolve.problem import load_problem
+
+PROBLEM = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.EmbeddingBag(50, 8, mode="sum")
+    def forward(self, idx, offsets):
+        return self.emb(idx, offsets)
+def get_inputs():
+    lengths = torch.randint(0, 3, (4,))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    return [torch.randint(0, 50, (int(lengths.sum()),)), offsets]
+def get_init_inputs(): return []
+"""
+GENUINE = """
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.EmbeddingBag(50, 8, mode="sum")
+    def forward(self, idx, offsets):
+        return torch.nn.functional.embedding_bag(idx, self.emb.weight, offsets, mode="sum")
+"""
+CACHED = GENUINE.replace("    def forward(self, idx, offsets):\n", """    def forward(self, idx, offsets):
+        key = idx.data_ptr()
+        if getattr(self, "_key", None) == key:
+            return self._out
+        self._key = key
+        self._out = self._forward(idx, offsets)
+        return self._out
+
+    def _forward(self, idx, offsets):
+""")
+
+
+def _evaluator(tmp_path):
+    path = tmp_path / "jagged.py"
+    path.write_text(textwrap.dedent(PROBLEM))
+    cfg = EvalConfig(device="cpu", timeout_s=120, timing=TimingConfig(budget_ms=10, warmup_ms=2, max_reps=5))
+    return Evaluator(load_problem(path), cfg, tmp_path / "work")
+
+
+def test_a_genuine_candidate_passes_when_shapes_vary(tmp_path):
+    r = _evaluator(tmp_path).evaluate(Candidate(textwrap.dedent(GENUINE)))
+    assert r.ok and r.timed, f"{r.status.value}: {r.reason}\n{r.error[-1500:]}"
+
+
+def test_caching_by_pointer_is_still_caught_when_shapes_vary(tmp_path):
+    r = _evaluator(tmp_path).evaluate(Candidate(textwrap.dedent(CACHED)))
+    assert r.status.value == "incorrect", f"{r.status.value}: {r.reason}"
