@@ -85,3 +85,53 @@ def test_search_never_repeats_a_genome_and_breeds_from_the_fastest(problem):
     keys = {genome_key(c.meta["genome"]) for c in first}
     assert nxt and all(genome_key(c.meta["genome"]) not in keys for c in nxt)
     assert any(c.parent == 1 for c in nxt)
+
+
+JAGGED = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.EmbeddingBag(100, 24, mode="sum")
+    def forward(self, idx, offsets):
+        return self.emb(idx, offsets)
+def get_inputs():  # the total number of indices changes from draw to draw, as in production batches
+    lengths = torch.randint(0, 6, (9,))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    return [torch.randint(0, 100, (int(lengths.sum()),)), offsets]
+def get_init_inputs(): return []
+"""
+VARYING_POINTWISE = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2
+def get_inputs(): return [torch.randn(int(torch.randint(5, 50, ()).item()))]
+def get_init_inputs(): return []
+"""
+
+
+def _write(tmp_path, name, source):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    return load_problem(path)
+
+
+def test_a_kernel_that_reads_sizes_at_run_time_serves_every_jagged_total(tmp_path):
+    from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig
+
+    problem = _write(tmp_path, "jagged", JAGGED)
+    plan = plan_problem(problem, "cpu")
+    assert plan.dynamic == {0: {0}}
+    (cand,) = TemplateProposer("cpu", seed=0).propose(_ctx(problem), 1)
+    assert "args[0].dim() == 1" in cand.source  # the index count is left out of the guard
+    ev = Evaluator(problem, EvalConfig(device="cpu", timeout_s=120, timing=TimingConfig(budget_ms=5, warmup_ms=1,
+                                                                                       max_reps=3)), tmp_path / "w")
+    r = ev.evaluate(cand)
+    assert r.ok, f"{r.status.value}: {r.reason}"
+
+
+def test_a_kernel_that_bakes_a_varying_size_is_not_proposed(tmp_path):
+    problem = _write(tmp_path, "varying", VARYING_POINTWISE)
+    assert plan_problem(problem, "cpu").dynamic == {0: {0}}
+    assert TemplateProposer("cpu", seed=0).propose(_ctx(problem), 2) == []

@@ -183,11 +183,11 @@ def _trace(model: torch.nn.Module, inputs: list[Any], mode: str) -> tuple[fx.Gra
     return gm, names
 
 
-def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0) -> CapturedGraph:
+def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_seed: int | None = None) -> CapturedGraph:
     """Trace ``problem``'s Model on the CPU (fake tensors first, real ones if the graph depends on data)."""
     module = import_module_from_path(problem.path, f"_kernelevolve_capture_{problem.short_sha}")
     model = build_model(module, "Model", init_seed).eval()
-    inputs = make_inputs(module, seed=init_seed + 1, shape_index=shape_index)
+    inputs = make_inputs(module, seed=init_seed + 1 if input_seed is None else input_seed, shape_index=shape_index)
     errors: list[str] = []
     for mode in ("fake", "real"):
         try:
@@ -200,6 +200,22 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0) -> Captu
         state = [dict(model.named_parameters(), **dict(model.named_buffers()))[n].detach() for n in names]
         return CapturedGraph(gm, names, len(inputs), input_meta, "cpu", mode, [state, *inputs])
     raise CaptureError("; ".join(errors))
+
+
+def dynamic_dims(problem: Problem, seeds: tuple[int, ...] = (1, 2, 3)) -> tuple[dict[int, set[int]], int | None]:
+    """Input dims whose size changes from draw to draw (jagged totals, for example), and a seed whose draw differs
+    from the first one's: {input index: {dim, ...}}, seed."""
+    module = import_module_from_path(problem.path, f"_kernelevolve_draws_{problem.short_sha}")
+    draws = [[tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in make_inputs(module, seed=s)]
+             for s in seeds]
+    dims: dict[int, set[int]] = {}
+    other = None
+    for seed, draw in zip(seeds[1:], draws[1:]):
+        for i, (a, b) in enumerate(zip(draws[0], draw)):
+            if a is not None and b is not None and len(a) == len(b) and a != b:
+                dims.setdefault(i, set()).update(d for d in range(len(a)) if a[d] != b[d])
+                other = seed if other is None else other
+    return dims, other
 
 
 def _drop_dead(gm: fx.GraphModule) -> None:

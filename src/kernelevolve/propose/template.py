@@ -70,20 +70,18 @@ class Plan:
     source: str = ""
     regions: list[Region] = field(default_factory=list)
     error: str | None = None
+    # input dims that vary between draws, and the plan of a draw where they differ: a candidate keeps those dims out
+    # of its guard only when it renders to the same file from both
+    dynamic: dict[int, set[int]] = field(default_factory=dict)
+    alt: "Plan | None" = None
 
     def describe(self) -> list[dict[str, Any]]:
         return [{"key": r.key, "family": r.match.family, "kind": r.match.kind, "nodes": len(r.match.nodes)}
                 for r in self.regions]
 
 
-def plan_problem(problem: Any, device: str) -> Plan:
-    """Capture the reference and let every family claim its regions."""
-    from kernelevolve.analyze.graph import CaptureError, capture
-
-    try:
-        graph = capture(problem)
-    except CaptureError as e:
-        return Plan(None, problem.source, error=f"the reference could not be captured as a graph: {e}")
+def _claim(graph: Any, problem: Any, device: str) -> Plan:
+    """Let every family claim its regions of ``graph``, most specific first."""
     taken: set[Any] = set()
     plan = Plan(graph, problem.source)
     for t in load_templates():
@@ -101,6 +99,22 @@ def plan_problem(problem: Any, device: str) -> Plan:
                 space[USE] = [True, False]
             plan.regions.append(Region(t, m, space))
             taken |= set(m.nodes)
+    return plan
+
+
+def plan_problem(problem: Any, device: str) -> Plan:
+    """Capture the reference and let every family claim its regions (twice when input shapes vary by draw)."""
+    from kernelevolve.analyze.graph import CaptureError, capture, dynamic_dims
+
+    try:
+        plan = _claim(capture(problem), problem, device)
+        dynamic, seed = dynamic_dims(problem)
+        if dynamic:
+            alt = _claim(capture(problem, input_seed=seed), problem, device)
+            if [r.key for r in alt.regions] == [r.key for r in plan.regions]:
+                plan.dynamic, plan.alt = dynamic, alt
+    except CaptureError as e:
+        return Plan(None, problem.source, error=f"the reference could not be captured as a graph: {e}")
     return plan
 
 
@@ -135,29 +149,37 @@ class TemplateProposer:
         from kernelevolve.templates.base import TemplateError
         from kernelevolve.templates.program import assemble
 
-        kernels, used = [], []
-        for i, r in enumerate(plan.regions):
-            cfg = genome.get(r.key)
-            if cfg is None or not cfg.get(USE, True) or r.key in self.broken:
-                continue
-            name = f"k{i}_{r.match.family}"
+        def build(p: Plan, dynamic: dict[int, set[int]]) -> str | None:
+            kernels, used = [], []
+            for i, r in enumerate(p.regions):
+                cfg = genome.get(r.key)
+                if cfg is None or not cfg.get(USE, True) or r.key in self.broken:
+                    continue
+                name = f"k{i}_{r.match.family}"
+                try:
+                    src = r.template.render(r.match, {k: v for k, v in cfg.items() if k != USE}, name)
+                except (CodegenError, TemplateError, KeyError, ValueError) as e:
+                    log.info("region %s cannot render: %s", r.key, e)
+                    self.broken.add(r.key)
+                    continue
+                kernels.append((r.match, name, src))
+                used.append(r.match)
+            if not kernels:
+                return None
+            doc = f"Candidate from kernelevolve's template proposer ({label}): " + ", ".join(
+                f"{m.kind}" for m in used) + "."
             try:
-                src = r.template.render(r.match, {k: v for k, v in cfg.items() if k != USE}, name)
-            except (CodegenError, TemplateError, KeyError, ValueError) as e:
-                log.info("region %s cannot render: %s", r.key, e)
-                self.broken.add(r.key)
-                continue
-            kernels.append((r.match, name, src))
-            used.append(r.match)
-        if not kernels:
+                return assemble(p.source, p.graph, used, kernels, doc, dynamic)
+            except TemplateError as e:
+                log.info("cannot assemble a candidate: %s", e)
+                return None
+
+        source = build(plan, plan.dynamic)
+        if source is not None and plan.alt is not None and build(plan.alt, plan.dynamic) != source:
+            # the file bakes in a size that changes between draws: it would only ever run the reference path
+            log.info("genome %s depends on input sizes that vary between draws; not proposed", label)
             return None
-        doc = f"Candidate from kernelevolve's template proposer ({label}): " + ", ".join(
-            f"{m.kind}" for m in used) + "."
-        try:
-            return assemble(plan.source, plan.graph, used, kernels, doc)
-        except TemplateError as e:
-            log.info("cannot assemble a candidate: %s", e)
-            return None
+        return source
 
     # ---- the search --------------------------------------------------------------------------------------------
 

@@ -136,10 +136,18 @@ def forward_body(graph: CapturedGraph, matches: list[Match], launchers: dict[str
     return lines
 
 
-def _guard(graph: CapturedGraph) -> list[str]:
+def _guard(graph: CapturedGraph, dynamic: dict[int, set[int]]) -> list[str]:
     checks = []
     for i, m in enumerate(graph.input_meta):
         if isinstance(m, tuple) and len(m) == 2 and isinstance(m[1], torch.dtype):
+            free = dynamic.get(i, set())
+            if free:  # sizes the kernels read at run time are left free
+                fixed = [d for d in range(len(m[0])) if d not in free]
+                checks.append(f"args[{i}].dim() == {len(m[0])} and args[{i}].dtype == {m[1]}")
+                if fixed:
+                    checks.append(f"tuple(args[{i}].shape[d] for d in {tuple(fixed)!r}) == "
+                                  f"{tuple(m[0][d] for d in fixed)!r}")
+                continue
             checks.append(f"tuple(args[{i}].shape) == {tuple(m[0])!r} and args[{i}].dtype == {m[1]}")
         else:
             checks.append(f"args[{i}] == {_const(m)}")
@@ -169,8 +177,9 @@ def _kernelevolve_shapes_match(args):
 
 
 def assemble(problem_source: str, graph: CapturedGraph, matches: list[Match], kernels: list[tuple[Match, str, str]],
-             doc: str) -> str:
-    """The candidate file. ``kernels`` holds (match, launcher name, rendered source) for every match."""
+             doc: str, dynamic: dict[int, set[int]] | None = None) -> str:
+    """The candidate file. ``kernels`` holds (match, launcher name, rendered source) for every match; ``dynamic``
+    names input dims the guard leaves free (the caller vouches that the code does not depend on them)."""
     launchers = {m.key: launcher for m, launcher, _ in kernels}
     body = forward_body(graph, matches, launchers)
     parts = [f'"""{doc}"""', FILE_HEADER + PRELUDE_IMPORTS, PRELUDE.strip("\n")]
@@ -180,5 +189,5 @@ def assemble(problem_source: str, graph: CapturedGraph, matches: list[Match], ke
     parts.append("# ---- end of reference " + "-" * 89)
     cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs, state_names=graph.state_names,
                        body="\n".join("        " + line for line in body),
-                       guards="\n".join(f"        {c}," for c in _guard(graph)))
+                       guards="\n".join(f"        {c}," for c in _guard(graph, dynamic or {})))
     return "\n\n\n".join(parts) + "\n" + cls
