@@ -24,6 +24,22 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 SMEM_LIMIT = 232448  # bytes of shared memory one H100/H200 block may opt into
 
 
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers and local-memory bytes (spills) of a cubin, from the cuobjdump that ships with triton."""
+    import re
+    import subprocess
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = dict(re.findall(r"\b(REG|LOCAL):(\d+)", out))
+    return {"regs": int(found.get("REG", -1)), "spill_bytes": int(found.get("LOCAL", -1))}
+
+
 class _Sm90:
     def get_current_device(self) -> int:
         return 0
@@ -74,8 +90,8 @@ def main() -> int:
                 new.load_state_dict(build_model(module, "Model", 0).state_dict())
                 with torch.no_grad():
                     new(*make_inputs(module, 1))
-                row["kernels"] = {name: {"shared": k.metadata.shared, "num_warps": k.metadata.num_warps}
-                                  for name, k in compiled}
+                row["kernels"] = {name: {"shared": k.metadata.shared, "num_warps": k.metadata.num_warps,
+                                         **resource_usage(k.asm["cubin"])} for name, k in compiled}
                 row["ok"] = bool(compiled) and all(k.metadata.shared <= SMEM_LIMIT for _, k in compiled)
             except Exception as e:  # report every failure, keep going
                 row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:500]}")

@@ -21,3 +21,7 @@ def test_every_bench_template_kernel_compiles_for_sm90():
     assert len({r["problem"] for r in rows}) >= 22
     failed = [r for r in rows if not r["ok"]]
     assert not failed, json.dumps(failed, indent=1)[:4000]
+    # the configurations a search starts from must not spill registers to local memory
+    spills = [(r["problem"], k) for r in rows if r["label"] == "defaults"
+              for k, v in r["kernels"].items() if v["spill_bytes"] != 0]
+    assert not spills, spills
