@@ -193,7 +193,7 @@ def _best(best: dict | None) -> str:
     return f"<h2>Best candidate</h2><p>{link}: {_e(best.get('why'))}</p>{_code(best.get('source'))}"
 
 
-NODE_HEADERS = ["id", "parent", "proposer", "language", "status", "reason", "runtime ms", "timed",
+NODE_HEADERS = ["id", "parent", "proposer", "what", "language", "status", "reason", "runtime ms", "timed",
                 "vs eager", "vs compile", "compile s", "wall s", "cached"]
 
 
@@ -208,11 +208,12 @@ def _node_rows(node: dict) -> str:
     untimed = node.get("status") == "ok" and not node.get("timed")
     cells = [f'<a href="#node-{_e(nid)}">{_e(nid)}</a>',
              f'<a href="#node-{_e(parent)}">{_e(parent)}</a>' if parent is not None else NONE,
-             _e(node.get("proposer")), _e(node.get("language")), _badge(node.get("status")), _e(node.get("reason")),
+             _e(node.get("proposer")), _e((node.get("meta") or {}).get("label", "")), _e(node.get("language")),
+             _badge(node.get("status")), _e(node.get("reason")),
              _num(node.get("runtime_ms")), _timed_cell(node), _x(node.get("speedup_eager")),
              _x(node.get("speedup_compile")), _num(node.get("compile_s"), ".3g"), _num(node.get("wall_s"), ".3g"),
              "yes" if node.get("cached") else "no"]
-    num = {6, 8, 9, 10, 11}
+    num = {7, 9, 10, 11, 12}
     tds = "".join(f'<td{" class=num" if i in num else ""}>{c}</td>' for i, c in enumerate(cells))
     meta = json.dumps(node.get("meta") or {}, sort_keys=True, default=str)
     detail = (f"<details><summary>source, error, meta (sha {_e((node.get('sha') or '')[:12])}, "
