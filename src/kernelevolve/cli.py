@@ -199,7 +199,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     best = view["best"]["node"] if view["best"] else None
     for n in view["nodes"]:
         what = (n.get("meta") or {}).get("label")
-        label = (f"#{n['id']} {n['proposer']}{f' [{what}]' if what else ''} {n['status']} {_fmt_ms(n['runtime_ms'])} "
+        label = (f"#{n['id']} {n['proposer']}{f' ({what})' if what else ''} {n['status']} {_fmt_ms(n['runtime_ms'])} "
                  f"{_fmt_x(n['speedup_eager'])} vs eager {_fmt_x(n['speedup_compile'])} vs compile"
                  f"{' (cached)' if n['cached'] else ''}{' ← best' if n['id'] == best else ''}  {n['reason'][:60]}")
         parent = branches.get(n["parent"], tree)
