@@ -190,8 +190,8 @@ class TemplateProposer:
         for r in plan.regions:  # the prior: second values of the knobs the bound class cares about first
             for knob in _prior_knobs(bound, r.space):
                 if len(r.space[knob]) > 1:
-                    seeds.append((f"prior {r.match.kind} {knob}", dict(base, **{r.key: dict(base[r.key],
-                                                                                            **{knob: r.space[knob][1]})})))
+                    varied = dict(base[r.key], **{knob: r.space[knob][1]})
+                    seeds.append((f"prior {r.match.kind} {knob}", dict(base, **{r.key: varied})))
         for family_cfg in _experience(ctx):
             g = dict(base)
             for r in plan.regions:
