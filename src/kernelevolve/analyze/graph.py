@@ -143,6 +143,21 @@ def _min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Te
     return torch.amin(x, [dim], keepdim), torch.argmin(x, dim, keepdim)
 
 
+def _merged(op: Callable) -> Callable:
+    """A reduction over several adjacent dims becomes one over a single merged dim (group norm, mean over H and W),
+    which the reduction template handles; other forms trace unchanged."""
+
+    def reduce(x: torch.Tensor, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
+        dims = sorted(_dims(x, dim)) if dim not in (None, []) else []
+        if len(dims) < 2 or dims != list(range(dims[0], dims[-1] + 1)) or kwargs:
+            return NotImplemented
+        flat = x.flatten(dims[0], dims[-1])
+        out = op(flat, [dims[0]], keepdim)
+        return out.view(list(x.shape[:dims[0]]) + [1] * len(dims) + list(x.shape[dims[-1] + 1:])) if keepdim else out
+
+    return reduce
+
+
 def _decompositions() -> dict[Any, Callable]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -155,6 +170,9 @@ def _decompositions() -> dict[Any, Callable]:
         table[op] = _mean
     table[aten.var_mean.correction] = _var_mean
     table[aten.var.correction] = _var
+    table[aten.sum.dim_IntList] = _merged(torch.sum)
+    table[aten.amax.default] = _merged(torch.amax)
+    table[aten.amin.default] = _merged(torch.amin)
     table[aten.max.dim] = _max_dim
     table[aten.min.dim] = _min_dim
     # keep these whole: templates know them, decomposing them loses the structure

@@ -94,6 +94,8 @@ class RowReduceTemplate:
         name = op_name(n)
         if _reduced_dim(n) is not None:
             return shape(n.args[0]) == frame.full and _reduced_dim(n) == frame.d
+        if name == "expand":  # a row scalar broadcast along the row: free, it stays a [BLOCK_R, 1] value
+            return shape(n.args[0]) == frame.scal and s == frame.full
         if name in VIEWS:
             return s in (frame.scal, frame.sq) and shape(n.args[0]) in (frame.scal, frame.sq)
         if name == "gather":
@@ -143,13 +145,17 @@ class RowReduceTemplate:
     def _storable(self, m: Match, frame: _Frame, sq: set[fx.Node]) -> bool:
         if not any(_reduced_dim(n) is not None for n in m.nodes):
             return False
+        if any(op_name(o) == "expand" for o in m.outputs):  # held as a row scalar, it has no full tile to store
+            return False
         for n in m.nodes:
             if n in sq and not frame.fits_sq(shape(n)):
                 return False
             if n not in sq and not frame.fits(shape(n)) and op_name(n) not in VIEWS:
                 return False
-            mixed = [a for a in n.all_input_nodes if a in m.nodes and op_name(n) not in VIEWS]
-            if n in sq and any(a not in sq and math.prod(shape(a)) != 1 for a in mixed) and op_name(n) not in VIEWS:
+            if op_name(n) in VIEWS or _reduced_dim(n) is not None:  # these read the full frame by definition
+                continue
+            mixed = [a for a in n.all_input_nodes if a in m.nodes]
+            if n in sq and any(a not in sq and math.prod(shape(a)) != 1 for a in mixed):
                 return False
         return all(dtype(o) in TL_DTYPES for o in m.outputs)
 
