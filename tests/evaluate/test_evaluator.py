@@ -177,11 +177,12 @@ def test_large_outputs_travel_through_a_blob_file(tmp_path, candidate):
     source = (Path(__file__).resolve().parents[1] / "cheats" / "problem_scale.py").read_text()
     problem.write_text(source.replace("DIM = 128", "DIM = 512").replace("randn(64, DIM)", "randn(1024, DIM)"))
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    before = {d for d in os.listdir(shm) if d.startswith("kernelevolve-")}
+    mine = f"kernelevolve-blobs-{os.getpid()}-"  # other processes on the machine may hold blob folders meanwhile
+    before = {d for d in os.listdir(shm) if d.startswith(mine)}
     cfg = EvalConfig(device="cpu", timeout_s=60.0, timing=TimingConfig(budget_ms=20.0, warmup_ms=5.0, max_reps=30))
     ev = Evaluator(load_problem(problem), cfg, tmp_path / "work")
     r = ev.evaluate(candidate("genuine_torch"))
     assert r.status is Status.OK, (r.reason, r.error)
     wrong = ev.evaluate(candidate("wrong_output"))
     assert wrong.status is Status.INCORRECT, wrong.reason
-    assert {d for d in os.listdir(shm) if d.startswith("kernelevolve-")} <= before
+    assert {d for d in os.listdir(shm) if d.startswith(mine)} <= before
