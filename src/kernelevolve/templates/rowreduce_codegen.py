@@ -183,12 +183,13 @@ def render_region(match: Any, config: dict[str, Any], name: str, frame: _Frame) 
     args = {a: f"x{i}" for i, a in enumerate(match.inputs)}
     call = ", ".join(args[a] for (a, _sq) in g.loads)
     body = "\n".join(lines)
+    wide = rows * c >= 2**31  # column offsets times strides may pass int32
     return f'''
 @triton.jit
 def {name}_kernel({", ".join(ptrs)}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
     rmask = rows < {rows}
-    cbase = tl.arange(0, BLOCK_C)[None, :]
+    cbase = tl.arange(0, BLOCK_C)[None, :]{".to(tl.int64)" if wide else ""}
 {body}
 
 
