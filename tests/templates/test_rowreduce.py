@@ -106,10 +106,10 @@ def test_cross_entropy_fuses_the_target_pick(tmp_path, config):
     run_match(RowReduceTemplate(), g, m, config)
 
 
-def test_column_reductions(tmp_path):
+def test_column_reductions_reading_one_input_share_a_kernel(tmp_path):
     g = captured(tmp_path, COLUMNS)
     matches = RowReduceTemplate().find(g, set())
-    assert {m.kind for m in matches} == {"column_reduction"} and len(matches) == 2
+    assert [m.kind for m in matches] == ["column_reduction"] and len(matches[0].outputs) == 2
     for m in matches:
         for config in ({"PERSISTENT": True, "BLOCK_R": 16}, {"PERSISTENT": False, "BLOCK_R": 8, "BLOCK_C": 64}):
             run_match(RowReduceTemplate(), g, m, config)
@@ -142,5 +142,13 @@ def test_a_lone_sum_splits_along_the_reduced_dim(tmp_path, split):
 
 
 def test_a_sum_with_an_epilogue_does_not_split(tmp_path):
-    m = [m for m in RowReduceTemplate().find(captured(tmp_path, COLUMNS), set())][0]
+    (m,) = RowReduceTemplate().find(captured(tmp_path, COLUMNS), set())
     assert "SPLIT" not in RowReduceTemplate().space(m, "cpu")
+
+
+def test_a_sibling_reading_the_same_input_joins_the_kernel(tmp_path):
+    """Cross-entropy's count of non-ignored targets reads only the targets: it becomes one more output."""
+    g = captured(tmp_path, CROSS_ENTROPY)
+    m = _one(g)
+    assert len(m.outputs) == 2
+    run_match(RowReduceTemplate(), g, m, {"PERSISTENT": False, "BLOCK_C": 64})

@@ -107,7 +107,10 @@ class RowReduceTemplate:
         region, stack = {seed}, [seed]
         while stack:
             n = stack.pop()
-            for nb in list(n.all_input_nodes) + list(n.users):
+            # producers, consumers, and siblings: other readers of the same inputs join as extra outputs of the one
+            # kernel instead of launching their own (cross-entropy's ignore-index count, say)
+            siblings = [u for a in n.all_input_nodes if a not in region for u in a.users if can_emit(u)]
+            for nb in list(n.all_input_nodes) + list(n.users) + siblings:
                 if nb not in region and nb not in used and self._admits(nb, frame):
                     region.add(nb)
                     stack.append(nb)
