@@ -70,3 +70,20 @@ def test_offsets_of_a_broadcast_operand():
     assert offset_expr((20, 6), (0, 1), "i") == "(i % 6)"
     assert offset_expr((20, 6), (6, 1), "i") == "i"
     assert offset_expr((4, 5, 6), (6, 0, 1), "i") == "(i // 30) * 6 + (i % 6)"
+
+
+SIBLINGS = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x), torch.tanh(x) * 3
+def get_inputs(): return [torch.randn(17, 40)]
+def get_init_inputs(): return []
+"""
+
+
+def test_independent_readers_of_one_input_share_a_kernel(tmp_path):
+    g = captured(tmp_path, SIBLINGS)
+    (m,) = PointwiseTemplate().find(g, set())
+    assert len(m.outputs) == 2 and len(m.inputs) == 1
+    run_match(PointwiseTemplate(), g, m)

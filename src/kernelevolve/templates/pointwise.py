@@ -98,7 +98,9 @@ class PointwiseTemplate:
         region, stack = {seed}, [seed]
         while stack:
             n = stack.pop()
-            for nb in list(n.all_input_nodes) + list(n.users):
+            # siblings (other full-shape readers of the same inputs) become more outputs of one kernel
+            siblings = [u for a in n.all_input_nodes if a not in region for u in a.users if shape(u) == full]
+            for nb in list(n.all_input_nodes) + list(n.users) + siblings:
                 if nb in pool and nb not in region and _fits(nb, full):
                     if nb in n.users and shape(nb) != full:
                         continue
