@@ -8,6 +8,7 @@ ones take the reference path, so the kernels only ever see the shapes they were 
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
@@ -120,7 +121,7 @@ def forward_body(graph: CapturedGraph, matches: list[Match], launchers: dict[str
         name.names[n] = var
         if n.op == "get_attr":
             lines.append(f"{var} = {_tensor_const(getattr(graph.gm, n.target))}")
-        elif n.target is __import__("operator").getitem:
+        elif n.target is operator.getitem:
             lines.append(f"{var} = {name.value(n.args[0])}[{n.args[1]}]")
         elif isinstance(n.target, torch._ops.OpOverload):
             args = [name.value(a) for a in n.args]
