@@ -30,17 +30,22 @@ def compute_dtype(dt: torch.dtype | None) -> str:
     return TL_DTYPES.get(dt, "tl.float32")
 
 
+def float_literal(v: float) -> str:
+    """Python source for a float, NaN and infinities included (valid in Triton and in plain Python)."""
+    if math.isnan(v):
+        return "float('nan')"
+    if math.isinf(v):
+        return "float('inf')" if v > 0 else "float('-inf')"
+    return repr(v)
+
+
 def _lit(v: Any) -> str:
     if isinstance(v, bool):
         return "1" if v else "0"
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        if math.isnan(v):
-            return "float('nan')"
-        if math.isinf(v):
-            return "float('inf')" if v > 0 else "float('-inf')"
-        return repr(v)
+        return float_literal(v)
     raise CodegenError(f"unsupported constant {v!r}")
 
 

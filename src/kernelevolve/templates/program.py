@@ -7,7 +7,6 @@ ones take the reference path, so the kernels only ever see the shapes they were 
 """
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any
 
@@ -15,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph
-from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS
+from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS, float_literal
 from kernelevolve.templates.base import FILE_HEADER, Match, TemplateError
 
 MAX_EMBEDDED_CONST = 65536  # elements; larger traced constants make the graph unfit for a self-contained file
@@ -27,11 +26,7 @@ def _const(v: Any) -> str:
     if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
         return repr(v)
     if isinstance(v, float):
-        if math.isnan(v):
-            return "float('nan')"
-        if math.isinf(v):
-            return "float('inf')" if v > 0 else "float('-inf')"
-        return repr(v)
+        return float_literal(v)
     if isinstance(v, torch.dtype):
         return str(v)
     if isinstance(v, torch.device):
