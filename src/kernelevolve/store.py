@@ -152,6 +152,18 @@ class Store:
             "GROUP BY n.run_id ORDER BY ms LIMIT ?", (device_key, proposer, exclude_run or -1, limit)).fetchall()
         return [json.loads(row["meta"]) for row in rows]
 
+    def fastest_known(self, problem_sha: str, device_key: str, limit: int = 3) -> list[dict[str, Any]]:
+        """The fastest verified, timed candidates of this problem on this device model, from any run, fastest first:
+        each with its source, language, and the proposer and meta of the first node that holds it."""
+        rows = self.db.execute(
+            "SELECT c.id, c.source, c.language, r.runtime_ms, "
+            "(SELECT n.proposer FROM nodes n WHERE n.candidate_id = c.id ORDER BY n.id LIMIT 1) AS proposer, "
+            "(SELECT n.meta FROM nodes n WHERE n.candidate_id = c.id ORDER BY n.id LIMIT 1) AS meta "
+            "FROM candidates c JOIN results r ON r.candidate_id = c.id "
+            "WHERE c.problem_sha = ? AND c.device_key = ? AND r.status = 'ok' AND r.timed = 1 "
+            "ORDER BY r.runtime_ms LIMIT ?", (problem_sha, device_key, limit)).fetchall()
+        return [dict(row, meta=json.loads(row["meta"] or "{}")) for row in rows if row["proposer"]]
+
     def count_evaluated(self, run_id: int) -> int:
         return self.db.execute(
             "SELECT COUNT(*) FROM nodes n JOIN results r ON r.candidate_id = n.candidate_id "

@@ -260,3 +260,27 @@ def test_proposals_that_only_repeat_the_run_end_the_search(store, problem):
 
     out = search(store, new_run(store, problem), problem, Stuck([]), max_evals=10)
     assert out.evaluations == 1 and out.stop_reason == "the proposers have nothing left to try"
+
+
+def test_fresh_run_starts_from_kernels_already_verified_for_the_problem(store, problem):
+    earlier = new_run(store, problem)  # e.g. a baseline stored beside the run, or an earlier run
+    search(store, earlier, problem, FakeProposer([src("fast", 2.0), src("wrong", 0.1, "incorrect"), src("slow", 7.0)]),
+           max_evals=10)
+    other = new_run(store, problem, device_key="cuda:H200")
+    search(store, other, problem, FakeProposer([src("elsewhere", 0.5)]), device_key="cuda:H200", max_evals=10)
+    run_id = new_run(store, problem)
+    pool = FakePool()
+    out = search(store, run_id, problem, FakeProposer([src("new", 3.0)]), pool, max_evals=10)
+    assert pool.submitted == [src("new", 3.0)]  # the known kernels cost no evaluation
+    nodes = store.nodes(run_id)
+    assert [n["source"] for n in nodes] == [src("fast", 2.0), src("slow", 7.0), src("new", 3.0)]
+    assert [n["cached"] for n in nodes] == [True, True, False] and nodes[0]["meta"]["reused"] is True
+    assert out.best["source"] == src("fast", 2.0) and out.evaluations == 1
+
+
+def test_resumed_run_is_not_seeded_again(store, problem):
+    search(store, new_run(store, problem), problem, FakeProposer([src("fast", 2.0)]), max_evals=10)
+    run_id = new_run(store, problem)
+    store.add_node(run_id, problem.sha, KEY, Candidate(src("p", 5.0), proposer="fake"))
+    search(store, run_id, problem, FakeProposer([]), max_evals=10)
+    assert [n["source"] for n in store.nodes(run_id)] == [src("p", 5.0)]

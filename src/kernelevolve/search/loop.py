@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 # Proposals in a row that repeat a source the run already holds, after which the proposers count as exhausted.
 MAX_REPEATS = 100
+# Already-verified kernels of the same problem and device model that a fresh run starts from.
+KNOWN_SEEDS = 3
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,21 @@ class _Loop:
         if self.on_result:
             self.on_result(node, result)
 
+    def seed_known(self) -> None:
+        """Start a fresh run from the fastest kernels already verified for this problem on this device model (a
+        baseline stored beside the run, or an earlier run's winners). They cost no evaluation, and the run can then
+        never return something slower than what is already known."""
+        for known in self.store.fastest_known(self.problem.sha, self.device_key, KNOWN_SEEDS):
+            cand = Candidate(known["source"], proposer=known["proposer"], language=known["language"],
+                             meta=dict(known["meta"], reused=True))
+            node_id, cached = self.store.add_node(self.run_id, self.problem.sha, self.device_key, cand)
+            self.history = self.store.nodes(self.run_id)
+            node = next(n for n in self.history if n["id"] == node_id)
+            if cached and node["result"] is not None:
+                log.info("node %d: reusing a kernel already verified for this problem and device (%.4g ms)", node_id,
+                         known["runtime_ms"])
+                self._record(node, node["result"].with_baseline(self.baseline), save=False)
+
     def resume_pending(self) -> None:
         for node in self.history:
             if node["result"] is None:
@@ -137,6 +154,8 @@ class _Loop:
                 self.in_flight[self.pool.submit(cand)] = node
 
     def run(self) -> SearchOutcome:
+        if not self.history:
+            self.seed_known()
         self.resume_pending()
         reason = None
         while True:
