@@ -117,6 +117,36 @@ def test_bf16_dtype(tmp_path):
     assert p.bytes == 2 * (32 * 64 + 64 * 16 + 32 * 16)
 
 
+GATHER = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(4096, 32)
+        self.proj = torch.nn.Parameter(torch.randn(32, 8))
+
+    def forward(self, ids, rows):
+        bags = torch.nn.functional.embedding_bag(ids, self.table.weight, torch.tensor([0, 40]), mode="sum")
+        picked = torch.index_select(rows, 0, ids[:8])  # rows is gathered only: 8 ids, at most 8 distinct rows
+        return bags @ self.proj{extra}, picked
+
+def get_inputs():
+    return [torch.cat([torch.arange(50), torch.arange(30)]), torch.randn(1000, 16)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("extra, table_read", [("", 50 * 32 * 4), (" + self.table.weight.sum()", 4096 * 32 * 4)],
+                         ids=["gathered-only", "also-read-whole"])
+def test_gathered_tables_count_only_their_distinct_rows(tmp_path, extra, table_read):
+    p = profile_problem(_problem(tmp_path, "gather", GATHER.replace("{extra}", extra)))
+    ids, rows_read, proj, outputs = 80 * 8, 8 * 16 * 4, 32 * 8 * 4, 2 * 8 * 4 + 8 * 16 * 4
+    assert p.bytes == ids + table_read + rows_read + proj + outputs
+
+
 def test_round_trip_json(linear_profile):
     d = json.loads(json.dumps(linear_profile.to_dict()))
     assert Profile.from_dict(d) == linear_profile

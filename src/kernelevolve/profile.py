@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch.autograd import DeviceType
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernelevolve.problem import Problem, as_outputs, build_model, import_module_from_path, make_inputs, to_device
@@ -167,9 +168,70 @@ def _tensors(model: torch.nn.Module, inputs: list[Any]) -> list[torch.Tensor]:
     return out
 
 
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _touched_rows(func: Any, args: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(source, unique row ids) when ``func`` reads only whole rows of its first argument picked by an index."""
+    aten = torch.ops.aten
+    src, index = args[0], None
+    if func in (aten.embedding.default, aten._embedding_bag.default, aten._embedding_bag_forward_only.default,
+                aten.embedding_bag.default, aten.embedding_bag.padding_idx):
+        index = args[1]
+    elif func is aten.index_select.default and args[1] in (0, -src.dim()):
+        index = args[2]
+    elif func is aten.index.Tensor and len(args[1]) == 1 and isinstance(args[1][0], torch.Tensor):
+        index = args[1][0] if not args[1][0].dtype == torch.bool else None
+    if not isinstance(src, torch.Tensor) or not isinstance(index, torch.Tensor) or src.dim() < 1:
+        return None
+    return src, torch.unique(index.reshape(-1))
+
+
+class _ReadBytes(TorchDispatchMode):
+    """Bytes that one forward must read from each watched tensor: all of it, unless every op that reads it only
+    gathers whole rows by index (embeddings, index_select, x[idx]); then only the distinct rows it picks."""
+
+    def __init__(self, watched: list[torch.Tensor]):
+        super().__init__()
+        self.watched = {_storage(t) for t in watched}
+        self.full: set[int] = set()
+        self.rows: dict[int, list[tuple[torch.Tensor, int]]] = {}  # storage -> (row ids, bytes per row)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not getattr(func, "is_view", False):
+            picked = _touched_rows(func, args)
+            rest = list(args)
+            if picked is not None and _storage(picked[0]) in self.watched:
+                src, ids = picked
+                self.rows.setdefault(_storage(src), []).append((ids, src[0].numel() * src.element_size()))
+                rest = rest[1:]  # the gathered table: only its picked rows are read
+            for a in [*rest, *kwargs.values()]:
+                for t in a if isinstance(a, (list, tuple)) else [a]:
+                    if isinstance(t, torch.Tensor) and _storage(t) in self.watched:
+                        self.full.add(_storage(t))
+        return func(*args, **kwargs)
+
+    def read(self, t: torch.Tensor) -> int:
+        key = _storage(t)
+        if key in self.full or key not in self.rows:
+            return t.nbytes
+        parts = self.rows[key]
+        if len({size for _, size in parts}) != 1:  # gathered at two row widths: the largest gather alone
+            return min(t.nbytes, max(ids.numel() * size for ids, size in parts))
+        ids = torch.unique(torch.cat([ids for ids, _ in parts]))
+        return min(t.nbytes, ids.numel() * parts[0][1])
+
+
 def _min_bytes(model: torch.nn.Module, inputs: list[Any], outputs: tuple[Any, ...]) -> int:
-    read = sum(t.nbytes for t in _tensors(model, inputs))
-    return read + sum(o.nbytes for o in outputs if isinstance(o, torch.Tensor))
+    """Every input, parameter and buffer read once (a row-gathered table only for its distinct rows), and every output
+    written once."""
+    tensors = _tensors(model, inputs)
+    reads = _ReadBytes(tensors)
+    with reads:
+        model(*inputs)
+    return sum(reads.read(t) for t in tensors) + sum(o.nbytes for o in outputs if isinstance(o, torch.Tensor))
 
 
 def _dominant_dtype(model: torch.nn.Module, inputs: list[Any], outputs: tuple[Any, ...]) -> str:
