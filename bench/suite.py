@@ -135,6 +135,11 @@ def best_found(store: Any, run_id: int) -> dict[str, Any]:
     run = store.run(run_id)
     best, _ = best_node(store.nodes(run_id))
     out: dict[str, Any] = {"evals": store.count_evaluated(run_id), "stop_reason": run.get("stop_reason")}
+    out["candidates"] = [{"proposer": n["proposer"], "label": n["meta"].get("label"), "cached": n["cached"],
+                          "status": n["result"].status.value if n["result"] else "pending",
+                          "ms": n["result"].runtime_ms if n["result"] and n["result"].timed else None,
+                          "reason": (n["result"].reason or "")[:160] if n["result"] else ""}
+                         for n in store.nodes(run_id)]
     if best is None or not best["result"].timed:
         return out
     row = store.db.execute("SELECT created FROM results WHERE candidate_id = ?", (best["candidate_id"],)).fetchone()
