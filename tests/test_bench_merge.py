@@ -1,0 +1,46 @@
+"""bench/merge.py: a later file's row replaces the earlier row of its problem, and runs on other setups are refused."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAD = {"date": "2026-11-30", "device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11", "triton": "3.6",
+        "python": "3.12", "budget_s": 40, "max_evals": 40, "proposers": ["template", "inductor"], "small": False}
+
+
+def row(problem: str, ke: float, compile_ms: float = 2.0) -> dict:
+    return {"problem": problem, "status": "ok", "notes": [], "eager_ms": 4.0, "compile_ms": compile_ms,
+            "max_autotune_ms": 3.0, "kernelevolve_ms": ke, "floor_ms": 0.5, "floor_source": "table",
+            "speedup_best_baseline": compile_ms / ke}
+
+
+def write(path: Path, rows: list[dict], **head) -> str:
+    path.write_text(json.dumps({**HEAD, **head, "command": f"python3 bench/suite.py # {path.name}", "rows": rows}))
+    return str(path)
+
+
+def merge(tmp_path: Path, *inputs: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "merge.py"), "--json", str(tmp_path / "m.json"),
+                           *inputs], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_later_rows_replace_earlier_ones(tmp_path):
+    a = write(tmp_path / "a.json", [row("softmax_bf16", 1.0), row("column_sum", 2.5)])
+    b = write(tmp_path / "b.json", [row("column_sum", 1.6)])
+    out = merge(tmp_path, a + "@aaaa", b + "@bbbb")
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "m.json").read_text())
+    got = {r["problem"]: (r["kernelevolve_ms"], r["commit"]) for r in data["rows"]}
+    assert got == {"softmax_bf16": (1.0, "aaaa"), "column_sum": (1.6, "bbbb")}
+    assert [s["commit"] for s in data["sources"]] == ["aaaa", "bbbb"]
+    assert data["summary"]["problems"] == 2
+
+
+def test_runs_on_another_gpu_are_refused(tmp_path):
+    a = write(tmp_path / "a.json", [row("softmax_bf16", 1.0)])
+    b = write(tmp_path / "b.json", [row("column_sum", 1.6)], device_name="NVIDIA H100")
+    out = merge(tmp_path, a, b)
+    assert out.returncode != 0 and "device_name" in out.stderr
