@@ -51,10 +51,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     cfg = OptimizeConfig(device=_device(args), proposers=tuple(p for p in args.proposer.split(",") if p),
                          max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
                          stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
-                         timing_budget_ms=args.timing_budget_ms)
+                         timing_budget_ms=args.timing_budget_ms, proposer_options=_proposer_options(args))
     from kernelevolve.propose import make_proposers
 
-    make_proposers(list(cfg.proposers), cfg.device)  # fail on a bad name before any work
+    make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)  # fail on a bad name before any work
     console = _console()
     store = Store(args.db)
     counts: dict[str, int] = {}
@@ -76,8 +76,46 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
         outcome = optimize(args.problem, cfg, store, Path(args.out), resume=args.resume, on_result=on_result,
                            on_stage=on_stage)
+    _print_usage(console, store, outcome.run_id)
     _print_outcome(console, outcome, args.db)
     return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
+
+
+def _proposer_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The prompted proposers' settings from the flags: JSON-safe, stored with the run, and never holding a key (only
+    the name of the variable that holds it)."""
+    opts: dict[str, Any] = {"knowledge_dirs": list(args.knowledge or []), "prompts_dir": args.prompts,
+                            "prompt_tokens": args.prompt_tokens, "manual_dir": args.manual_dir,
+                            "manual_timeout_s": args.manual_timeout}
+    if args.llm_model or args.llm_config:
+        from dataclasses import replace
+
+        from kernelevolve.propose.providers import LLMSettings, load_llm_config, parse_models
+
+        try:
+            if args.llm_config:
+                settings = load_llm_config(args.llm_config)
+            else:
+                prices = [float(v) for v in args.llm_price.split(",")] if args.llm_price else [None, None]
+                if len(prices) != 2:
+                    raise ValueError("--llm-price takes IN,OUT: USD per million input and output tokens")
+                models = tuple(replace(m, price_in=prices[0], price_out=prices[1]) for m in
+                               parse_models(args.llm_model, args.llm_provider, args.llm_base_url, args.llm_key_env))
+                settings = LLMSettings(models, timeout_s=args.llm_timeout, max_retries=args.llm_retries,
+                                       concurrency=args.llm_concurrency, max_tokens=args.llm_max_tokens)
+        except (ValueError, OSError) as e:
+            raise UsageError(str(e)) from e
+        opts["llm"] = settings.to_dict()
+    return opts
+
+
+def _print_usage(console: Any, store: Any, run_id: int) -> None:
+    usage = store.llm_usage(run_id)
+    if usage:
+        cost = "" if usage["cost_usd"] is None else f", ${usage['cost_usd']:.4f}"
+        console.print(f"model calls: {usage['calls']} ({usage['candidates']} candidates, {usage['no_code']} without "
+                      f"code, {usage['errors']} failed); tokens {usage['input_tokens']} in, "
+                      f"{usage['output_tokens']} out{cost}", markup=False)
 
 
 def _print_outcome(console: Any, outcome: Any, db: str) -> None:
@@ -240,6 +278,23 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")
     o.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time per candidate")
     o.add_argument("--resume", metavar="RUN", help="continue run RUN (an id or 'latest') from the store")
+    g = o.add_argument_group("language models (--proposer llm) and prompts (llm, manual)")
+    g.add_argument("--llm-model", metavar="NAME[=W],...", help="model names, with optional sampling weights")
+    g.add_argument("--llm-base-url", metavar="URL", help="an OpenAI-compatible server (vLLM, SGLang, Ollama, ...)")
+    g.add_argument("--llm-provider", choices=["openai", "anthropic"], default="openai")
+    g.add_argument("--llm-key-env", metavar="VAR", help="the environment variable holding the API key "
+                   "(default: the SDK's own, OPENAI_API_KEY or ANTHROPIC_API_KEY)")
+    g.add_argument("--llm-config", metavar="FILE", help="a JSON file of models and settings (mixes providers)")
+    g.add_argument("--llm-timeout", type=float, default=120.0, help="seconds per call")
+    g.add_argument("--llm-retries", type=int, default=3, help="retries with backoff on 429, 5xx and lost connections")
+    g.add_argument("--llm-concurrency", type=int, default=4, help="calls in flight at once")
+    g.add_argument("--llm-max-tokens", type=int, default=8192, help="reply budget per call")
+    g.add_argument("--llm-price", metavar="IN,OUT", help="USD per million input and output tokens, for the cost")
+    g.add_argument("--knowledge", action="append", metavar="DIR", help="a folder of your own notes (*.md); repeatable")
+    g.add_argument("--prompts", metavar="DIR", help="prompt templates that replace the built-in ones by file name")
+    g.add_argument("--prompt-tokens", type=int, default=12000, help="prompt budget; low-priority sections go first")
+    g.add_argument("--manual-dir", default="kernelevolve-prompts", help="where --proposer manual writes prompts")
+    g.add_argument("--manual-timeout", type=float, default=3600.0, help="seconds to wait for each reply file")
     o.set_defaults(func=cmd_optimize)
 
     c = sub.add_parser("check", help="verify and time one candidate file")

@@ -36,6 +36,7 @@ class OptimizeConfig:
     trials: int = 3
     timing_budget_ms: float = 1000.0
     profile: bool = True
+    proposer_options: dict[str, Any] = field(default_factory=dict)  # see make_proposers; never holds a key
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,10 +100,10 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
         store.update_run(run_id, status="running")
     else:
         problem = load_problem(problem_path, cfg.device)
-        make_proposers(list(cfg.proposers), cfg.device)  # a bad name fails before a run is recorded
+        make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)  # fails before a run is recorded
         run_id = store.create_run(problem, cfg.device, device_key(cfg.device), cfg.to_dict(), versions())
         run = store.run(run_id)
-    proposers = make_proposers(list(cfg.proposers), cfg.device)
+    proposers = make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)
     evaluator = make_evaluator(problem, cfg, out_dir / ".work" / f"run{run_id}")
     profile = run.get("profile")
     if profile is None and cfg.profile:
@@ -169,6 +170,7 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
             "compile_s": baseline.compile_s, "error": baseline.error},
         "best": _best_view(best, why, baseline, problem["source"]),
         "nodes": nodes,
+        "llm_usage": store.llm_usage(run["id"]),
     }
 
 

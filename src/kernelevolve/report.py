@@ -118,6 +118,18 @@ def _baseline(base: dict | None) -> str:
     return f"<h2>Baseline</h2>{_kv(pairs)}{err}"
 
 
+def _llm(usage: dict | None) -> str:
+    """Language-model calls of the run: counts, tokens and cost, in all and per model (nothing when there were none)."""
+    if not usage:
+        return ""
+    headers = ["model", "calls", "candidates", "no code", "failed", "input tokens", "output tokens", "cost"]
+    rows = [[_e(name), str(u["calls"]), str(u["candidates"]), str(u["no_code"]), str(u["errors"]),
+             str(u["input_tokens"]), str(u["output_tokens"]),
+             "—" if u["cost_usd"] is None else f"${u['cost_usd']:.4f}"]
+            for name, u in [*usage["by_model"].items(), ("all", usage)]]
+    return f"<h2>Model calls</h2>{_table(headers, rows, frozenset(range(1, 8)))}"
+
+
 def _profile(prof: dict | None) -> str:
     if not prof:
         return f"<h2>Profile</h2><p>{NONE}</p>"
@@ -240,7 +252,8 @@ def render_report(view: dict) -> str:
     problem, run = view.get("problem") or {}, view.get("run") or {}
     baseline = view.get("baseline") or {}
     title = f"{problem.get('name') or 'problem'}: run {run.get('id')}"
-    body = [_header(view), _summary(nodes), _baseline(view.get("baseline")), _profile(view.get("profile")),
+    body = [_header(view), _summary(nodes), _baseline(view.get("baseline")), _llm(view.get("llm_usage")),
+            _profile(view.get("profile")),
             _chart(nodes, baseline.get("eager_ms")), _best(view.get("best")), _nodes(nodes),
             f"<h2>Problem source</h2>{_code(problem.get('source'))}"]
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'

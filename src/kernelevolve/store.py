@@ -30,7 +30,15 @@ CREATE TABLE IF NOT EXISTS nodes (
     candidate_id INTEGER NOT NULL REFERENCES candidates(id), parent INTEGER REFERENCES nodes(id),
     proposer TEXT NOT NULL, meta TEXT NOT NULL, cached INTEGER NOT NULL DEFAULT 0, created TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS nodes_run ON nodes(run_id);
+CREATE TABLE IF NOT EXISTS llm_calls (
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), proposer TEXT NOT NULL,
+    model TEXT NOT NULL, strategy TEXT NOT NULL, parent INTEGER, status TEXT NOT NULL, detail TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL,
+    prompt_sha TEXT, node_id INTEGER, created TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS llm_calls_run ON llm_calls(run_id);
 """
+# llm_calls.status: "candidate" (the reply became node node_id), "no_code" (the reply held no usable file; detail
+# says why) or "error" (the call failed: detail is the error kind and message). No prompt or key is stored.
 
 
 class StoreError(Exception):
@@ -163,6 +171,42 @@ class Store:
             "WHERE c.problem_sha = ? AND c.device_key = ? AND r.status = 'ok' AND r.timed = 1 "
             "ORDER BY r.runtime_ms LIMIT ?", (problem_sha, device_key, limit)).fetchall()
         return [dict(row, meta=json.loads(row["meta"] or "{}")) for row in rows if row["proposer"]]
+
+    # --- language-model calls ---------------------------------------------------------------------------------
+    def add_llm_call(self, run_id: int, proposer: str, model: str, strategy: str, status: str, detail: str = "",
+                     parent: int | None = None, input_tokens: int = 0, output_tokens: int = 0,
+                     cost_usd: float | None = None, latency_s: float | None = None, prompt_sha: str | None = None,
+                     node_id: int | None = None) -> int:
+        return self._write(
+            "INSERT INTO llm_calls (run_id, proposer, model, strategy, parent, status, detail, input_tokens, "
+            "output_tokens, cost_usd, latency_s, prompt_sha, node_id, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (run_id, proposer, model, strategy, parent, status, detail[:2000], input_tokens, output_tokens, cost_usd,
+             latency_s, prompt_sha, node_id, now()))
+
+    def set_llm_call_node(self, call_id: int, node_id: int) -> None:
+        self._write("UPDATE llm_calls SET node_id = ? WHERE id = ?", (node_id, call_id))
+
+    def llm_calls(self, run_id: int) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM llm_calls WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+        return [dict(r) for r in rows]
+
+    def llm_usage(self, run_id: int) -> dict[str, Any] | None:
+        """Calls, failures, tokens and cost of a run's language-model calls, in all and per model; None if none."""
+        calls = self.llm_calls(run_id)
+        if not calls:
+            return None
+
+        def total(rows: list[dict[str, Any]]) -> dict[str, Any]:
+            costs = [r["cost_usd"] for r in rows if r["cost_usd"] is not None]
+            return {"calls": len(rows), "candidates": sum(r["status"] == "candidate" for r in rows),
+                    "no_code": sum(r["status"] == "no_code" for r in rows),
+                    "errors": sum(r["status"] == "error" for r in rows),
+                    "input_tokens": sum(r["input_tokens"] for r in rows),
+                    "output_tokens": sum(r["output_tokens"] for r in rows),
+                    "cost_usd": sum(costs) if costs else None}
+
+        models = sorted({r["model"] for r in calls})
+        return dict(total(calls), by_model={m: total([r for r in calls if r["model"] == m]) for m in models})
 
     def count_evaluated(self, run_id: int) -> int:
         return self.db.execute(

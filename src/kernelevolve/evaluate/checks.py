@@ -84,9 +84,18 @@ def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: flo
             f"max abs err {float(err[idx]):.3g} (out {o[idx].item():.6g} vs ref {r[idx].item():.6g})")
 
 
+# Variables named as secrets at run time (e.g. --llm-key-env MY_CREDS), removed whatever their names look like.
+SECRET_NAMES: set[str] = set()
+
+
+def register_secret(name: str) -> None:
+    """Treat the environment variable ``name`` as a secret: no candidate process will see it."""
+    SECRET_NAMES.add(name)
+
+
 def scrub_environment(env: dict[str, str]) -> dict[str, str]:
     """A copy of ``env`` without API keys, tokens and other secrets."""
-    return {k: v for k, v in env.items() if not SECRET_PATTERN.search(k)}
+    return {k: v for k, v in env.items() if not SECRET_PATTERN.search(k) and k not in SECRET_NAMES}
 
 
 def timer_snapshot() -> dict[str, Any]:

@@ -53,6 +53,9 @@ class _Loop:
         self.pool, self.proposers, self.selector, self.cfg = pool, proposers, selector, cfg
         self.baseline, self.profile, self.on_result = baseline, profile, on_result
         self.history = store.nodes(run_id)
+        for proposer in proposers:  # proposers that record their own calls (language models) learn where
+            if hasattr(proposer, "bind"):
+                proposer.bind(store, run_id)
         self.experience = {p.name: store.experience(device_key, p.name, exclude_run=run_id) for p in proposers}
         self.evaluated = store.count_evaluated(run_id)
         self.queue: deque[Candidate] = deque()

@@ -1,0 +1,246 @@
+"""The ``llm`` proposer: one expansion step whose prompt is rebuilt each time from the run's tree, the profile and the
+knowledge base, answered by any OpenAI-compatible or Anthropic endpoint.
+
+How a step expands the tree depends on how the branch is doing:
+- ``repair``: the proposer's own newest failure, while its lineage has failed fewer than ``max_repairs`` times in a row;
+- ``improve``: continue a fast verified node;
+- ``contrast``: a fast verified node that already has children, shown with their outcomes, for a different approach;
+- ``scratch``: no verified node yet, or now and then for diversity.
+Targets are drawn from the fastest few verified nodes with rank weights, so one lineage cannot take every step, and a
+node whose children keep failing is left alone.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.propose.base import ProposalContext
+from kernelevolve.propose.prompt import Prompt, PromptInputs, build_prompt, describe_inputs, extract_code, language_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExpandConfig:
+    max_repairs: int = 2  # repairs in a row along one lineage before it is given up
+    max_child_failures: int = 3  # failed children of a node after which it is no longer expanded
+    explore: float = 0.15  # chance of a scratch step once something is verified
+    top_k: int = 3  # targets are drawn from this many fastest verified nodes
+    max_failed_calls: int = 6  # calls in a row without a candidate after which the proposer gives up
+
+
+def _failed(node: dict[str, Any]) -> bool:
+    return node.get("result") is not None and not node["result"].ok
+
+
+def _speed_key(node: dict[str, Any]) -> float:
+    r = node["result"]
+    return r.runtime_ms if r.timed and r.runtime_ms is not None else float("inf")
+
+
+class Expander:
+    """Chooses the strategy and the parent of each step from the run's nodes."""
+
+    def __init__(self, name: str, cfg: ExpandConfig, rng: random.Random):
+        self.name, self.cfg, self.rng = name, cfg, rng
+
+    def repair_depth(self, node: dict[str, Any], by_id: dict[int, dict[str, Any]]) -> int:
+        depth = 0
+        while node is not None and node["proposer"] == self.name and _failed(node):
+            depth += 1
+            node = by_id.get(node["parent"])
+        return depth
+
+    def plan(self, history: Sequence[dict[str, Any]], n: int) -> list[tuple[str, dict | None, list[dict]]]:
+        by_id = {node["id"]: node for node in history}
+        children: dict[int, list[dict[str, Any]]] = {}
+        for node in history:
+            if node["parent"] is not None:
+                children.setdefault(node["parent"], []).append(node)
+        repairs = [node for node in reversed(history) if node["proposer"] == self.name and _failed(node)
+                   and node["id"] not in children and self.repair_depth(node, by_id) <= self.cfg.max_repairs]
+        verified = sorted((node for node in history if node.get("result") is not None and node["result"].ok),
+                          key=_speed_key)
+        alive = [node for node in verified
+                 if sum(_failed(c) for c in children.get(node["id"], [])) < self.cfg.max_child_failures]
+        targets = alive[:self.cfg.top_k]
+        steps: list[tuple[str, dict | None, list[dict]]] = []
+        picked: dict[int, int] = {}
+        for _ in range(n):
+            if repairs:
+                node = repairs.pop(0)
+                steps.append(("repair", node, []))
+            elif not targets or self.rng.random() < self.cfg.explore:
+                steps.append(("scratch", None, []))
+            else:
+                node = self.rng.choices(targets, weights=[1 / (i + 1) for i in range(len(targets))])[0]
+                kids = children.get(node["id"], [])
+                earlier = picked.get(node["id"], 0)
+                picked[node["id"]] = earlier + 1
+                steps.append(("contrast" if len(kids) + earlier >= 2 else "improve", node, kids))
+        return steps
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One answered (or failed) step, whatever answered it."""
+    text: str | None
+    model: str
+    error: str = ""  # "kind: message" when the call failed
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    latency_s: float | None = None
+
+
+class PromptedProposer:
+    """The parts shared by every proposer that answers prompts: context, planning, parsing and the call record."""
+
+    name = "prompted"
+
+    def __init__(self, device: str, seed: int | None = None, knowledge_dirs: Sequence[str | Path] = (),
+                 prompts_dir: str | None = None, budget_tokens: int = 12000, expand: ExpandConfig = ExpandConfig(),
+                 concurrency: int = 1):
+        self.device = device
+        self.rng = random.Random(seed)
+        self.knowledge_dirs, self.prompts_dir, self.budget_tokens = tuple(knowledge_dirs), prompts_dir, budget_tokens
+        self.expander = Expander(self.name, expand, self.rng)
+        self.concurrency = concurrency
+        self.failed_calls = 0
+        self._inputs: tuple[str, PromptInputs] | None = None
+        self.store: Any = None
+        self.run_id: int | None = None
+
+    def bind(self, store: Any, run_id: int) -> None:
+        """Called by the search loop: where this proposer records its calls."""
+        self.store, self.run_id = store, run_id
+
+    def answer(self, prompt: Prompt, index: int) -> Reply:
+        raise NotImplementedError
+
+    def done(self) -> bool:
+        """True once this proposer will answer no more prompts."""
+        return False
+
+    # --- context ----------------------------------------------------------------------------------------------
+    def prompt_inputs(self, ctx: ProposalContext) -> PromptInputs:
+        if self._inputs is None or self._inputs[0] != ctx.problem.sha:
+            profile = ctx.profile or {}
+            device_name = profile.get("device_name") or ("a CUDA GPU" if self.device == "cuda" else "the CPU")
+            self._inputs = (ctx.problem.sha, PromptInputs(
+                ctx.problem, device_name, describe_inputs(ctx.problem), ctx.profile,
+                knowledge=self._knowledge(device_name, ctx), templates_dir=self.prompts_dir))
+        return self._inputs[1]
+
+    def _knowledge(self, device_name: str, ctx: ProposalContext) -> str:
+        try:
+            from kernelevolve.knowledge import render, retrieve
+        except ImportError:  # the knowledge package is optional for this proposer
+            return ""
+        families = _families(ctx)
+        bound = (ctx.profile or {}).get("bound")
+        text = render(retrieve(device_name, families, bound, self.knowledge_dirs,
+                               max_chars=self.budget_tokens * 4 // 3))
+        return re.sub(r"^(#+) ", r"##\1 ", text, flags=re.M)  # the notes' headings sit below the prompt's own
+
+    # --- a batch of steps ---------------------------------------------------------------------------------------
+    def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
+        if self.failed_calls >= self.expander.cfg.max_failed_calls:
+            return []
+        pin = self.prompt_inputs(ctx)
+        best = sorted((x for x in ctx.history if x.get("result") is not None and x["result"].ok), key=_speed_key)
+        out: list[Candidate] = []
+        while not out and self.failed_calls < self.expander.cfg.max_failed_calls and not self.done():
+            steps = self.expander.plan(ctx.history, n)
+            prompts = [build_prompt(strategy, pin, parent, kids, best, self.budget_tokens)
+                       for strategy, parent, kids in steps]
+            calls: Callable[[int], Reply] = lambda i: self.answer(prompts[i], i)  # noqa: E731
+            workers = max(1, min(self.concurrency, len(prompts)))
+            if workers == 1:  # in this thread: answer() may use the store, whose connection belongs to it
+                replies = [calls(i) for i in range(len(prompts))]
+            else:
+                with ThreadPoolExecutor(max_workers=workers) as pool:
+                    replies = list(pool.map(calls, range(len(prompts))))
+            for (strategy, parent, _), prompt, reply in zip(steps, prompts, replies):
+                cand = self._candidate(strategy, parent, prompt, reply)
+                if cand is None:
+                    self.failed_calls += 1
+                else:
+                    self.failed_calls = 0
+                    out.append(cand)
+        if not out and not self.done():
+            log.warning("%s: %d calls in a row gave no candidate; this proposer stops", self.name, self.failed_calls)
+        return out
+
+    def _candidate(self, strategy: str, parent: dict | None, prompt: Prompt, reply: Reply) -> Candidate | None:
+        parent_id = parent["id"] if parent else None
+        if reply.text is None:
+            status, detail, code = "error", reply.error, None
+            log.warning("%s (%s): the call failed: %s", self.name, reply.model, reply.error)
+        else:
+            parsed = extract_code(reply.text)
+            code, detail = parsed.code, parsed.why
+            status = "candidate" if code else "no_code"
+            if code is None:
+                log.info("%s (%s): no candidate in the reply: %s", self.name, reply.model, parsed.why)
+        call_id = None
+        if self.store is not None and self.run_id is not None:
+            call_id = self.store.add_llm_call(
+                self.run_id, self.name, reply.model, strategy, status, detail, parent_id, reply.input_tokens,
+                reply.output_tokens, reply.cost_usd, reply.latency_s, prompt.sha)
+        if code is None:
+            return None
+        meta = {"label": f"{strategy} ({reply.model})", "strategy": strategy, "model": reply.model,
+                "prompt_tokens": prompt.tokens, "dropped_sections": list(prompt.dropped), "llm_call": call_id}
+        return Candidate(code, proposer=self.name, language=language_of(code), parent=parent_id, meta=meta)
+
+
+def _families(ctx: ProposalContext) -> list[str]:
+    """The template families the problem's graph holds (none when it cannot be analysed)."""
+    try:
+        from kernelevolve.propose.template import plan_problem
+
+        plan = plan_problem(ctx.problem, "cpu")
+        return sorted({r.match.family for r in plan.regions}) if plan.error is None else []
+    except Exception as e:  # analysis is a hint for retrieval only
+        log.debug("no families for the prompt: %s", e)
+        return []
+
+
+class LLMProposer(PromptedProposer):
+    """Prompts answered by language-model endpoints (``kernelevolve.propose.providers``)."""
+
+    name = "llm"
+
+    def __init__(self, device: str, settings: Any, client: Any = None, **kw: Any):
+        from kernelevolve.evaluate.checks import register_secret
+
+        super().__init__(device, concurrency=settings.concurrency, **kw)
+        self.settings = settings
+        if client is None:
+            from kernelevolve.propose.providers import LLMClient
+
+            client = LLMClient(settings, seed=self.rng.randrange(1 << 30))
+        self.client = client
+        for spec in settings.models:
+            if spec.key_env:  # whatever its name, the variable never reaches a candidate process
+                register_secret(spec.key_env)
+
+    def answer(self, prompt: Prompt, index: int) -> Reply:
+        from kernelevolve.propose.providers import LLMError
+
+        spec = self.client.pick()
+        try:
+            c = self.client.complete(prompt.system, prompt.user, spec)
+        except LLMError as e:
+            return Reply(None, spec.name, f"{e.kind}: {e}")
+        return Reply(c.text, c.model or spec.name, "", c.input_tokens, c.output_tokens, c.cost_usd, c.latency_s)
+
+
+__all__ = ["ExpandConfig", "Expander", "LLMProposer", "PromptedProposer", "Reply"]

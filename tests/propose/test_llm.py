@@ -1,0 +1,209 @@
+"""The llm and manual proposers with a scripted client: strategies chosen from the tree, repair prompts that carry the
+failure, replies without code recorded as failures, giving up on a dead endpoint, and the reply-file protocol."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate.result import Result, Status, Timing
+from kernelevolve.problem import load_problem
+from kernelevolve.propose.base import ProposalContext
+from kernelevolve.propose.llm import ExpandConfig, Expander, LLMProposer
+from kernelevolve.propose.manual import ManualProposer
+from kernelevolve.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "gelu_mlp.py"
+GOOD = "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x  # {tag}\n"
+
+
+@dataclass
+class FakeCompletion:
+    text: str
+    model: str = "fake-model"
+    input_tokens: int = 100
+    output_tokens: int = 50
+    cost_usd: float | None = 0.001
+    latency_s: float = 0.01
+
+
+class FakeError(Exception):
+    kind = "server"
+
+
+class FakeClient:
+    """Replies from a script; an Exception item is raised as a failed call."""
+
+    def __init__(self, script):
+        self.script, self.prompts = list(script), []
+        self.lock = threading.Lock()
+
+    def pick(self):
+        return SimpleNamespace(name="fake-model")
+
+    def complete(self, system, user, spec=None):
+        with self.lock:
+            self.prompts.append(user)
+            item = self.script.pop(0) if self.script else "no more replies"
+        if isinstance(item, Exception):
+            raise item
+        return FakeCompletion(item)
+
+
+@pytest.fixture
+def problem():
+    return load_problem(EXAMPLE, "cpu")
+
+
+@pytest.fixture
+def store(tmp_path, problem):
+    s = Store(tmp_path / "ke.db")
+    s.run_id = s.create_run(problem, "cpu", "cpu:test", {}, {})
+    yield s
+    s.close()
+
+
+def make_llm(monkeypatch, script, store=None, **expand):
+    from kernelevolve.propose import providers
+
+    monkeypatch.setattr(providers, "LLMError", FakeError)
+    settings = SimpleNamespace(concurrency=2, models=(SimpleNamespace(name="fake-model", key_env=None),))
+    p = LLMProposer("cpu", settings, client=FakeClient(script), seed=0, expand=ExpandConfig(**expand))
+    if store is not None:
+        p.bind(store, store.run_id)
+    return p
+
+
+def ctx(problem, history=()):
+    return ProposalContext(problem, "cpu", None, list(history))
+
+
+def node(i, status=Status.OK, ms=1.0, parent=None, proposer="llm"):
+    timing = Timing.from_samples([ms], "perf_counter") if ms is not None else None
+    result = Result(status, "verified" if status is Status.OK else "output 0 mismatch: max abs err 9",
+                    timing=timing, timed=ms is not None)
+    return {"id": i, "parent": parent, "proposer": proposer, "meta": {"label": f"n{i}"}, "source": GOOD.format(tag=i),
+            "result": result}
+
+
+def test_good_reply_becomes_a_candidate_and_the_call_is_recorded(monkeypatch, problem, store):
+    p = make_llm(monkeypatch, [f"Sure.\n```python\n{GOOD.format(tag='a')}```"], store)
+    cands = p.propose(ctx(problem), 1)
+    assert len(cands) == 1 and "# a" in cands[0].source and cands[0].proposer == "llm"
+    assert cands[0].meta["strategy"] == "scratch" and cands[0].parent is None
+    calls = store.llm_calls(store.run_id)
+    assert [(c["status"], c["model"], c["input_tokens"]) for c in calls] == [("candidate", "fake-model", 100)]
+    usage = store.llm_usage(store.run_id)
+    assert usage["calls"] == 1 and usage["cost_usd"] == pytest.approx(0.001)
+    assert "class Model" in p.client.prompts[0]
+
+
+def test_reply_without_code_is_a_recorded_failure_not_a_crash(monkeypatch, problem, store):
+    p = make_llm(monkeypatch, ["I would rather not.", f"```python\n{GOOD.format(tag='b')}```"], store)
+    cands = p.propose(ctx(problem), 1)  # the first reply has no code: the proposer asks again
+    assert len(cands) == 1 and "# b" in cands[0].source
+    assert [c["status"] for c in store.llm_calls(store.run_id)] == ["no_code", "candidate"]
+    assert "no code block" in store.llm_calls(store.run_id)[0]["detail"]
+
+
+def test_dead_endpoint_stops_the_proposer(monkeypatch, problem, store):
+    p = make_llm(monkeypatch, [FakeError("HTTP 500")] * 10, store, max_failed_calls=3)
+    assert p.propose(ctx(problem), 1) == []
+    assert p.propose(ctx(problem), 1) == []  # and stays stopped
+    calls = store.llm_calls(store.run_id)
+    assert len(calls) == 3 and all(c["status"] == "error" and "HTTP 500" in c["detail"] for c in calls)
+
+
+def test_failed_llm_node_is_repaired_with_its_failure_in_the_prompt(monkeypatch, problem):
+    p = make_llm(monkeypatch, [f"```python\n{GOOD.format(tag='fixed')}```"])
+    history = [node(1, Status.INCORRECT, None)]
+    cands = p.propose(ctx(problem, history), 1)
+    assert cands[0].meta["strategy"] == "repair" and cands[0].parent == 1
+    assert "max abs err 9" in p.client.prompts[0] and "# 1" in p.client.prompts[0]
+
+
+def test_expander_strategies():
+    ex = Expander("llm", ExpandConfig(explore=0.0), __import__("random").Random(0))
+    assert [s for s, _, _ in ex.plan([], 2)] == ["scratch", "scratch"]
+    fast = node(1, ms=1.0, proposer="template")
+    assert ex.plan([fast], 1)[0][:2] == ("improve", fast)
+    kids = [node(2, ms=2.0, parent=1), node(3, ms=3.0, parent=1)]
+    step = ex.plan([fast, *kids], 1)[0]
+    assert step[0] == "contrast" and step[1] is fast and len(step[2]) == 2
+
+
+def test_expander_gives_up_a_lineage_that_keeps_failing():
+    ex = Expander("llm", ExpandConfig(explore=0.0, max_repairs=2), __import__("random").Random(0))
+    chain = [node(1, Status.INCORRECT, None), node(2, Status.INCORRECT, None, parent=1),
+             node(3, Status.COMPILE_ERROR, None, parent=2)]
+    assert ex.plan(chain[:2], 1)[0][:2] == ("repair", chain[1])
+    assert ex.plan(chain, 1)[0][0] == "scratch"  # three failures in a row: no more repairs of this lineage
+
+
+def test_expander_leaves_a_node_whose_children_keep_failing():
+    ex = Expander("llm", ExpandConfig(explore=0.0, max_child_failures=2, max_repairs=0),
+                  __import__("random").Random(0))
+    best, other = node(1, ms=1.0, proposer="template"), node(2, ms=5.0, proposer="template")
+    failing = [node(3, Status.INCORRECT, None, parent=1), node(4, Status.INCORRECT, None, parent=1)]
+    for _ in range(5):
+        assert ex.plan([best, other, *failing], 1)[0][1] is other
+
+
+def test_expander_spreads_steps_over_the_fastest_nodes():
+    ex = Expander("llm", ExpandConfig(explore=0.0), __import__("random").Random(1))
+    nodes = [node(i, ms=float(i), proposer="template") for i in range(1, 5)]
+    parents = {step[1]["id"] for step in ex.plan(nodes, 30)}
+    assert parents == {1, 2, 3}  # the top 3, not only the fastest, and never the 4th
+
+
+def test_key_env_is_kept_from_candidate_processes(monkeypatch):
+    from kernelevolve.evaluate import checks
+
+    settings = SimpleNamespace(concurrency=1, models=(SimpleNamespace(name="m", key_env="MY_LLM_CREDS"),))
+    LLMProposer("cpu", settings, client=FakeClient([]))
+    env = checks.scrub_environment({"MY_LLM_CREDS": "abc", "PATH": "/bin"})
+    assert env == {"PATH": "/bin"}
+
+
+def test_manual_proposer_writes_the_prompt_and_reads_the_reply(problem, store, tmp_path):
+    p = ManualProposer("cpu", tmp_path / "prompts", timeout_s=20, seed=0)
+    p.bind(store, store.run_id)
+
+    def answer():
+        prompt = tmp_path / "prompts" / f"run{store.run_id}-001.prompt.md"
+        while not prompt.exists():
+            time.sleep(0.05)
+        assert "class Model" in prompt.read_text()
+        tmp = prompt.with_name(f"run{store.run_id}-001.reply.md.tmp")
+        tmp.write_text(f"```python\n{GOOD.format(tag='manual')}```")
+        tmp.replace(prompt.with_name(f"run{store.run_id}-001.reply.md"))
+
+    t = threading.Thread(target=answer)
+    t.start()
+    cands = p.propose(ctx(problem), 3)
+    t.join()
+    assert len(cands) == 1 and "# manual" in cands[0].source and cands[0].proposer == "manual"
+    assert store.llm_calls(store.run_id)[0]["status"] == "candidate"
+
+
+def test_manual_proposer_times_out_and_asks_for_the_same_file_on_resume(problem, store, tmp_path):
+    p = ManualProposer("cpu", tmp_path / "prompts", timeout_s=0.3, seed=0)
+    p.bind(store, store.run_id)
+    assert p.propose(ctx(problem), 1) == [] and p.done()
+    assert store.llm_calls(store.run_id) == []  # nobody answered: not a failed call
+    reply = tmp_path / "prompts" / f"run{store.run_id}-001.reply.md"
+    reply.write_text(f"```python\n{GOOD.format(tag='late')}```")
+    again = ManualProposer("cpu", tmp_path / "prompts", timeout_s=5, seed=0)  # the resumed run
+    again.bind(store, store.run_id)
+    cands = again.propose(ctx(problem), 1)
+    assert len(cands) == 1 and "# late" in cands[0].source
+
+
+def test_candidates_are_plain_candidates():
+    assert Candidate(GOOD.format(tag=1), proposer="llm").language == "torch"

@@ -1,0 +1,130 @@
+"""Prompt assembly (sections, priorities, the token budget, templates) and the parsing of model replies."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelevolve.evaluate.result import Result, Status, Timing
+from kernelevolve.problem import load_problem
+from kernelevolve.propose.prompt import (
+    PromptError,
+    PromptInputs,
+    Section,
+    assemble,
+    build_prompt,
+    cut_middle,
+    describe_inputs,
+    extract_code,
+    language_of,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "gelu_mlp.py"
+GOOD = "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+
+
+@pytest.fixture(scope="module")
+def pin() -> PromptInputs:
+    problem = load_problem(EXAMPLE, "cpu")
+    profile = {"device_name": "NVIDIA H200", "dtype": "float32", "bound": "memory", "flops": 2e9, "bytes": 5e7,
+               "floor_ms": 0.01, "eager_ms": 0.05, "top_ops": [{"name": "addmm", "pct": 80.0}]}
+    return PromptInputs(problem, "NVIDIA H200", describe_inputs(problem), profile,
+                        knowledge="H200: 132 SMs, 4.8 TB/s HBM3e.")
+
+
+def node(i: int, source: str, status: Status = Status.OK, ms: float | None = 1.0, parent=None, **kw) -> dict:
+    timing = Timing.from_samples([ms], "cuda_event") if ms is not None else None
+    result = Result(status, kw.pop("reason", "verified" if status is Status.OK else "mismatch"), timing=timing,
+                    timed=ms is not None, error=kw.pop("error", ""))
+    return {"id": i, "parent": parent, "proposer": kw.pop("proposer", "llm"), "meta": {"label": f"n{i}"},
+            "source": source, "result": result}
+
+
+def test_scratch_prompt_carries_problem_inputs_profile_device_facts_and_rules(pin):
+    p = build_prompt("scratch", pin)
+    assert "class Model" in p.user and "input 0: float32" in p.user
+    assert "roofline floor" in p.user and "addmm" in p.user
+    assert "132 SMs" in p.user and "NVIDIA H200" in p.user
+    assert "caching by pointer" in p.user and "ModelNew" in p.system
+    assert p.dropped == () and p.tokens > 0 and len(p.sha) == 64
+
+
+def test_repair_prompt_carries_the_parent_and_its_failure(pin):
+    bad = node(7, GOOD.replace("return x", "return x * 2"), Status.INCORRECT, None,
+               reason="output 0 mismatch: max abs err 3.1", error="Traceback: something specific")
+    p = build_prompt("repair", pin, parent=bad)
+    assert "return x * 2" in p.user and "max abs err 3.1" in p.user and "something specific" in p.user
+    assert "`incorrect`" in p.user
+
+
+def test_contrast_prompt_lists_the_siblings(pin):
+    parent = node(1, GOOD, ms=2.0)
+    kids = [node(2, GOOD, ms=3.0, parent=1), node(3, GOOD, Status.COMPILE_ERROR, None, parent=1, reason="bad syntax")]
+    p = build_prompt("contrast", pin, parent=parent, siblings=kids, best=[parent, kids[0]])
+    assert "Attempts already made" in p.user and "bad syntax" in p.user and "3 ms" in p.user
+
+
+def test_budget_drops_lowest_priority_sections_first(pin):
+    big = PromptInputs(pin.problem, pin.device_name, pin.inputs, pin.profile, knowledge="fact\n" * 20000)
+    p = build_prompt("scratch", big, budget_tokens=3000)
+    assert p.tokens <= 3000 + 200
+    assert "Rules" in p.kept and "Reference (the problem file)" in p.kept
+    assert any("Facts about the target" in d for d in p.dropped) or "lines cut" in p.user
+
+
+def test_assemble_keeps_order_and_required_sections():
+    sections = [Section("a", "x" * 400, 0), Section("b", "y" * 40000, 3), Section("c", "z" * 400, 1)]
+    text, kept, dropped = assemble(sections, budget_tokens=400)
+    assert kept == ("a", "c") and dropped == ("b",)
+    assert text.index("## a") < text.index("## c")
+
+
+def test_cut_middle_says_how_much_was_cut():
+    text = "\n".join(f"line {i}" for i in range(1000))
+    cut = cut_middle(text, 500)
+    assert len(cut) < 700 and "lines cut" in cut and cut.startswith("line 0") and cut.endswith("line 999")
+
+
+def test_user_template_folder_overrides_a_template(pin, tmp_path):
+    (tmp_path / "scratch.md").write_text("CUSTOM TASK for {device}\n")
+    p = build_prompt("scratch", PromptInputs(pin.problem, pin.device_name, pin.inputs, None,
+                                             templates_dir=str(tmp_path)))
+    assert "CUSTOM TASK for NVIDIA H200" in p.user and "caching by pointer" in p.user
+
+
+def test_bad_strategy_and_missing_parent(pin):
+    with pytest.raises(PromptError):
+        build_prompt("dream", pin)
+    with pytest.raises(PromptError):
+        build_prompt("repair", pin)
+
+
+@pytest.mark.parametrize("reply, found", [
+    (f"Here it is:\n```python\n{GOOD}```\nThis fuses everything.", "one code block"),
+    (f"```python\nimport triton\n```\nand the module:\n```python\n{GOOD}```", "last complete ModelNew block"),
+    ("```python\nimport torch\n\ndef helper(x):\n    return x\n```\n```python\n"
+     "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return helper(x)\n```", "joined"),
+    (GOOD, "whole reply"),
+    (f"```\n{GOOD}```", "one code block"),
+    (f"```python\n{GOOD}", "one code block"),  # cut off before the closing fence
+])
+def test_code_is_found(reply, found):
+    parsed = extract_code(reply)
+    assert parsed.code is not None and "class ModelNew" in parsed.code and found in parsed.why
+
+
+@pytest.mark.parametrize("reply, why", [
+    ("I cannot help with that.", "no code block"),
+    ("", "no code block"),
+    ("```python\nprint('hi')\n```", "no code block defines class ModelNew"),
+    ("```python\nclass ModelNew(torch.nn.Module:\n    pass\n```", "does not parse"),
+])
+def test_replies_without_a_candidate(reply, why):
+    parsed = extract_code(reply)
+    assert parsed.code is None and why in parsed.why
+
+
+def test_language():
+    assert language_of("import triton\n@triton.jit\ndef k(): pass") == "triton"
+    assert language_of(GOOD) == "torch"
