@@ -34,10 +34,10 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), proposer TEXT NOT NULL,
     model TEXT NOT NULL, strategy TEXT NOT NULL, parent INTEGER, status TEXT NOT NULL, detail TEXT NOT NULL,
     input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL,
-    prompt_sha TEXT, node_id INTEGER, created TEXT NOT NULL);
+    prompt_sha TEXT, created TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS llm_calls_run ON llm_calls(run_id);
 """
-# llm_calls.status: "candidate" (the reply became node node_id), "no_code" (the reply held no usable file; detail
+# llm_calls.status: "candidate" (the reply became a candidate, whose node meta names the call), "no_code" (the reply held no usable file; detail
 # says why) or "error" (the call failed: detail is the error kind and message). No prompt or key is stored.
 
 
@@ -175,16 +175,13 @@ class Store:
     # --- language-model calls ---------------------------------------------------------------------------------
     def add_llm_call(self, run_id: int, proposer: str, model: str, strategy: str, status: str, detail: str = "",
                      parent: int | None = None, input_tokens: int = 0, output_tokens: int = 0,
-                     cost_usd: float | None = None, latency_s: float | None = None, prompt_sha: str | None = None,
-                     node_id: int | None = None) -> int:
+                     cost_usd: float | None = None, latency_s: float | None = None,
+                     prompt_sha: str | None = None) -> int:
         return self._write(
             "INSERT INTO llm_calls (run_id, proposer, model, strategy, parent, status, detail, input_tokens, "
-            "output_tokens, cost_usd, latency_s, prompt_sha, node_id, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "output_tokens, cost_usd, latency_s, prompt_sha, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (run_id, proposer, model, strategy, parent, status, detail[:2000], input_tokens, output_tokens, cost_usd,
-             latency_s, prompt_sha, node_id, now()))
-
-    def set_llm_call_node(self, call_id: int, node_id: int) -> None:
-        self._write("UPDATE llm_calls SET node_id = ? WHERE id = ?", (node_id, call_id))
+             latency_s, prompt_sha, now()))
 
     def llm_calls(self, run_id: int) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM llm_calls WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
