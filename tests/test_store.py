@@ -177,6 +177,8 @@ def test_experience_is_the_fastest_node_of_each_earlier_run_on_the_device(store)
             metas.append(meta)
     current = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
     got = store.experience(KEY, "template", exclude_run=current)
-    assert [m["ms"] for m in got] == [1.0, 2.0]  # each run's fastest, fastest runs first
+    assert [e["meta"]["ms"] for e in got] == [1.0, 2.0]  # each run's fastest, fastest runs first
+    assert got[0]["source"].endswith(" 1\n") and got[0]["problem"] == PROBLEM.name and got[0]["bytes"] is None
+    assert [e["ms"] for e in store.experience(KEY, None)] == [1.0, 2.0]
     assert store.experience("cuda:other", "template") == []
     assert store.experience(KEY, "inductor") == []

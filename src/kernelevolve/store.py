@@ -150,15 +150,21 @@ class Store:
             out.append(d)
         return out
 
-    def experience(self, device_key: str, proposer: str, exclude_run: int | None = None,
+    def experience(self, device_key: str, proposer: str | None, exclude_run: int | None = None,
                    limit: int = 50) -> list[dict[str, Any]]:
-        """Metas of the fastest verified node of each earlier run on this device model, fastest runs first."""
+        """The fastest verified node of each earlier run on this device model (by ``proposer``, or by any proposer
+        when None), fastest runs first. Each entry: ``meta``, ``source``, ``proposer``, ``ms``, ``speedup_eager``, and
+        the run's ``problem_sha``, ``problem``, and the ``dtype`` and ``bytes`` of its profile (None when unprofiled)."""
         rows = self.db.execute(
-            "SELECT n.run_id, n.meta, MIN(r.runtime_ms) AS ms FROM nodes n "
-            "JOIN results r ON r.candidate_id = n.candidate_id JOIN runs u ON u.id = n.run_id "
-            "WHERE u.device_key = ? AND n.proposer = ? AND r.status = 'ok' AND r.timed = 1 AND n.run_id != ? "
-            "GROUP BY n.run_id ORDER BY ms LIMIT ?", (device_key, proposer, exclude_run or -1, limit)).fetchall()
-        return [json.loads(row["meta"]) for row in rows]
+            "SELECT n.run_id, n.meta, n.proposer, c.source, MIN(r.runtime_ms) AS ms, "
+            "json_extract(r.data, '$.speedup_eager') AS speedup_eager, u.problem_sha, p.name AS problem, "
+            "json_extract(u.profile, '$.dtype') AS dtype, json_extract(u.profile, '$.bytes') AS bytes "
+            "FROM nodes n JOIN results r ON r.candidate_id = n.candidate_id JOIN candidates c ON c.id = n.candidate_id "
+            "JOIN runs u ON u.id = n.run_id JOIN problems p ON p.sha = u.problem_sha "
+            "WHERE u.device_key = ? AND (? IS NULL OR n.proposer = ?) AND r.status = 'ok' AND r.timed = 1 "
+            "AND n.run_id != ? GROUP BY n.run_id ORDER BY ms LIMIT ?",
+            (device_key, proposer, proposer, exclude_run or -1, limit)).fetchall()
+        return [dict(row, meta=json.loads(row["meta"])) for row in rows]
 
     def fastest_known(self, problem_sha: str, device_key: str, limit: int = 3) -> list[dict[str, Any]]:
         """The fastest verified, timed candidates of this problem on this device model, from any run, fastest first:

@@ -19,7 +19,8 @@ class ProposalContext:
     profile: dict[str, Any] | None
     history: list[dict[str, Any]]  # the run's nodes so far (Store.nodes format), oldest first
     parents: list[dict[str, Any]] = field(default_factory=list)  # nodes the selector chose to expand
-    experience: list[dict[str, Any]] = field(default_factory=list)  # metas of earlier runs' winners, this device
+    # earlier runs' winners on this device model, most similar problems first (Store.experience entries)
+    experience: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Proposer(Protocol):

@@ -108,7 +108,9 @@ class InductorProposer:
         return {k: v for k, v in options.items() if v != self.space[k][0]}
 
     def _candidates(self, ctx: ProposalContext) -> list[tuple[str, dict[str, Any], int | None]]:
-        seeds = [(label, opts, None) for label, opts in SEEDS if self._valid(opts)]
+        learned = [("experience", e["meta"]["options"], None) for e in ctx.experience[:3]
+                   if isinstance(e["meta"].get("options"), dict) and self._valid(e["meta"]["options"])]
+        seeds = learned + [(label, opts, None) for label, opts in SEEDS if self._valid(opts)]
         mutations: list[tuple[str, dict[str, Any], int | None]] = []
         for parent in ctx.parents:
             base = dict(parent.get("meta", {}).get("options", {}))

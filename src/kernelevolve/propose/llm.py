@@ -25,6 +25,8 @@ from kernelevolve.propose.prompt import Prompt, PromptInputs, build_prompt, desc
 
 log = logging.getLogger(__name__)
 
+MAX_EXAMPLES = 2  # worked examples from earlier runs per prompt
+
 
 @dataclass(frozen=True)
 class ExpandConfig:
@@ -103,6 +105,7 @@ class PromptedProposer:
     """The parts shared by every proposer that answers prompts: context, planning, parsing and the call record."""
 
     name = "prompted"
+    examples_from_any = True  # the loop hands it earlier winners of every proposer, as worked examples
 
     def __init__(self, device: str, seed: int | None = None, knowledge_dirs: Sequence[str | Path] = (),
                  prompts_dir: str | None = None, budget_tokens: int = 12000, expand: ExpandConfig = ExpandConfig(),
@@ -116,6 +119,7 @@ class PromptedProposer:
         self._inputs: tuple[str, PromptInputs] | None = None
         self.store: Any = None
         self.run_id: int | None = None
+        self.families: list[str] = []
 
     def bind(self, store: Any, run_id: int) -> None:
         """Called by the search loop: where this proposer records its calls."""
@@ -133,17 +137,30 @@ class PromptedProposer:
         if self._inputs is None or self._inputs[0] != ctx.problem.sha:
             profile = ctx.profile or {}
             device_name = profile.get("device_name") or ("a CUDA GPU" if self.device == "cuda" else "the CPU")
+            self.families = _families(ctx)
             self._inputs = (ctx.problem.sha, PromptInputs(
                 ctx.problem, device_name, describe_inputs(ctx.problem), ctx.profile,
-                knowledge=self._knowledge(device_name, ctx), templates_dir=self.prompts_dir))
+                knowledge=self._knowledge(device_name, ctx), examples=self._examples(ctx),
+                templates_dir=self.prompts_dir))
         return self._inputs[1]
+
+    def _examples(self, ctx: ProposalContext) -> tuple[dict[str, Any], ...]:
+        """Worked examples: earlier winners (template or model kernels, not torch.compile wrappers) on this device,
+        those sharing the most op families with this problem first, then in the loop's order of similarity."""
+        mine = set(self.families)
+        entries = [e for e in ctx.experience if e["proposer"] != "inductor"]
+        shared = lambda e: len(mine & _entry_families(e))  # noqa: E731
+        entries.sort(key=lambda e: -shared(e))  # stable: ties keep the loop's ranking
+        return tuple({"label": f"{e['proposer']}: {e['meta'].get('label')} on {e['problem']}",
+                      "result": f"{e['speedup_eager']:.2f}x over eager" if e.get("speedup_eager") else "verified",
+                      "source": e["source"]} for e in entries[:MAX_EXAMPLES])
 
     def _knowledge(self, device_name: str, ctx: ProposalContext) -> str:
         try:
             from kernelevolve.knowledge import render, retrieve
         except ImportError:  # the knowledge package is optional for this proposer
             return ""
-        families = _families(ctx)
+        families = self.families
         bound = (ctx.profile or {}).get("bound")
         text = render(retrieve(device_name, families, bound, self.knowledge_dirs,
                                max_chars=self.budget_tokens * 4 // 3))
@@ -197,8 +214,14 @@ class PromptedProposer:
         if code is None:
             return None
         meta = {"label": f"{strategy} ({reply.model})", "strategy": strategy, "model": reply.model,
+                "families": self.families,
                 "prompt_tokens": prompt.tokens, "dropped_sections": list(prompt.dropped), "llm_call": call_id}
         return Candidate(code, proposer=self.name, language=language_of(code), parent=parent_id, meta=meta)
+
+
+def _entry_families(entry: dict[str, Any]) -> set[str]:
+    meta = entry["meta"]
+    return {c["family"] for c in meta.get("configs", [])} | set(meta.get("families", []))
 
 
 def _families(ctx: ProposalContext) -> list[str]:

@@ -176,7 +176,7 @@ class PromptInputs:
     inputs: str
     profile: dict[str, Any] | None
     knowledge: str = ""
-    examples: tuple[dict[str, Any], ...] = ()  # {"label", "ms", "source"} from earlier runs
+    examples: tuple[dict[str, Any], ...] = ()  # {"label", "result", "source"}: earlier winners on this device
     templates_dir: str | None = None
 
 
@@ -226,8 +226,8 @@ def build_prompt(strategy: str, pin: PromptInputs, parent: dict[str, Any] | None
             sections.append(Section(f"The fastest so far ({_label(others[0])})", fenced(others[0]["source"]), 4))
     if pin.knowledge:
         sections.append(Section(f"Facts about the target ({pin.device_name}) and useful techniques", pin.knowledge, 3))
-    for i, ex in enumerate(pin.examples[:2]):
-        sections.append(Section(f"Worked example from an earlier run ({ex.get('label')}, {ex.get('ms')})",
+    for i, ex in enumerate(pin.examples):
+        sections.append(Section(f"Worked example from an earlier run ({ex.get('label')}, {ex.get('result')})",
                                 fenced(ex["source"]), 5 + i))
     system = t("system")
     user, kept, dropped = assemble(sections, budget_tokens - estimate_tokens(system))

@@ -186,20 +186,21 @@ class TemplateProposer:
     def _seeds(self, plan: Plan, ctx: ProposalContext) -> list[tuple[str, dict[str, Any]]]:
         base = {r.key: r.default() for r in plan.regions}
         seeds = [("defaults", base)]
+        for family_cfg in _experience(ctx):  # what won before on this device, before the generic prior
+            g = dict(base)
+            for r in plan.regions:
+                # the knobs whose winning values this region's space also offers (sizes clip some spaces)
+                cfg = {k: v for k, v in (family_cfg.get(r.match.family) or {}).items() if v in r.space.get(k, ())}
+                if cfg:
+                    g[r.key] = dict(r.default(), **cfg)
+            if g != base:
+                seeds.append(("experience", g))
         bound = (ctx.profile or {}).get("bound")
         for r in plan.regions:  # the prior: second values of the knobs the bound class cares about first
             for knob in _prior_knobs(bound, r.space):
                 if len(r.space[knob]) > 1:
                     varied = dict(base[r.key], **{knob: r.space[knob][1]})
                     seeds.append((f"prior {r.match.kind} {knob}", dict(base, **{r.key: varied})))
-        for family_cfg in _experience(ctx):
-            g = dict(base)
-            for r in plan.regions:
-                cfg = family_cfg.get(r.match.family)
-                if cfg and all(k in r.space and v in r.space[k] for k, v in cfg.items()):
-                    g[r.key] = dict(r.default(), **cfg)
-            if g != base:
-                seeds.append(("experience", g))
         return seeds
 
     def _mutate(self, plan: Plan, genome: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -269,11 +270,11 @@ def _prior_knobs(bound: str | None, space: dict[str, list[Any]]) -> list[str]:
 
 
 def _experience(ctx: ProposalContext) -> list[dict[str, dict[str, Any]]]:
-    """Per-family configs of the winners of earlier runs on this device, best first."""
+    """Per-family configs of the winners of earlier runs on this device, most similar problems first."""
     out = []
-    for meta in ctx.experience:
+    for entry in ctx.experience:
         fam: dict[str, dict[str, Any]] = {}
-        for c in meta.get("configs", []):
+        for c in entry["meta"].get("configs", []):
             fam.setdefault(c["family"], c["config"])
         if fam:
             out.append(fam)

@@ -26,6 +26,18 @@ MAX_REPEATS = 100
 KNOWN_SEEDS = 3
 
 
+def rank_experience(entries: list[dict[str, Any]], profile: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Earlier winners from problems like this one first: the same dtype, then the nearest size bucket (log2 of the
+    bytes the problem moves), then the largest speedup over eager."""
+    dtype, nbytes = (profile or {}).get("dtype"), (profile or {}).get("bytes")
+
+    def key(e: dict[str, Any]) -> tuple[bool, int, float]:
+        size = abs(math.log2(e["bytes"] / nbytes)) if e.get("bytes") and nbytes else 64.0
+        return (not (dtype and e.get("dtype") == dtype), round(size), -(e.get("speedup_eager") or 0.0))
+
+    return sorted(entries, key=key)
+
+
 @dataclass(frozen=True)
 class SearchConfig:
     max_evals: int = 20
@@ -56,7 +68,9 @@ class _Loop:
         for proposer in proposers:  # proposers that record their own calls (language models) learn where
             if hasattr(proposer, "bind"):
                 proposer.bind(store, run_id)
-        self.experience = {p.name: store.experience(device_key, p.name, exclude_run=run_id) for p in proposers}
+        self.experience = {p.name: rank_experience(store.experience(
+            device_key, None if getattr(p, "examples_from_any", False) else p.name, exclude_run=run_id), profile)
+            for p in proposers}
         self.evaluated = store.count_evaluated(run_id)
         self.queue: deque[Candidate] = deque()
         self.in_flight: dict[Future[Result], dict[str, Any]] = {}
