@@ -1,0 +1,219 @@
+"""Experience benchmark: does a run that follows an earlier run on a similar problem reach a good kernel in fewer
+evaluations?
+
+    PYTHONPATH=src python3 bench/experience.py --device cuda --gpus 2 --budget-s 40 --json bench/results/exp.json
+    TRITON_INTERPRET=1 python3 bench/experience.py --device cpu --small --pairs softmax_bf16 --budget-s 20  # smoke
+
+For each pair: the target B is a suite problem, and the source A is the same file with one batch-like size scaled
+(``PAIRS``), so A and B share their operator and dtype but not their shapes.
+- cold: B alone in an empty store. T is its best time, and n_cold the number of evaluations it took to find it.
+- warm: A, then B, in another empty store. n_warm is the number of B's own evaluations until a node came within
+  ``--tol`` of T. A kernel already known for B costs none; A's kernels are never B's.
+- ratio = n_cold / n_warm: how many times fewer evaluations the warm run needed. None when the warm run never came
+  within the tolerance, and then the row says so.
+Both runs of B have the same budget and proposers. Times are medians measured by the harness, in the same process,
+on the same GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+import suite  # noqa: E402  (bench/suite.py)
+
+# target problem -> the module-level size constants scaled to make its similar source problem
+PAIRS: dict[str, dict[str, float]] = {
+    "softmax_bf16": {"ROWS": 0.5},
+    "layernorm_bf16": {"TOKENS": 0.5},
+    "rmsnorm_residual_bf16": {"TOKENS": 0.5},
+    "cross_entropy_bf16": {"TOKENS": 0.5},
+    "embedding_bag_sum": {"BAGS": 0.5},
+    "jagged_mean_offsets_bf16": {"BATCH": 0.5},
+    "dlrm_interaction_einsum_bf16": {"BATCH": 0.5},
+    "hstu_attention_bf16": {"HEADS": 0.5},
+}
+
+
+def scaled_source(source: str, factors: dict[str, float]) -> str:
+    """``source`` with each named ``NAME = <int>`` module-level constant multiplied by its factor (at least 1)."""
+    for name, factor in factors.items():
+        pattern = re.compile(rf"^({re.escape(name)}[ \t]*=[ \t]*)([0-9_]+)", re.M)
+        found = pattern.search(source)
+        if found is None:
+            raise suite.SuiteError(f"no module-level line `{name} = <int>` to scale")
+        value = max(1, int(int(found.group(2).replace("_", "")) * factor))
+        source = source[:found.start(2)] + str(value) + source[found.end(2):]
+    return source
+
+
+def write_pair(stem: str, small: bool, dest: Path) -> tuple[Path, Path]:
+    """(source problem A, target problem B) files for ``stem``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    text = (suite.PROBLEMS / f"{stem}.py").read_text()
+    if small:
+        text = suite.small_source(text)
+    target, similar = dest / f"{stem}.py", dest / f"{stem}__similar.py"
+    target.write_text(text)
+    similar.write_text(scaled_source(text, PAIRS[stem]))
+    return similar, target
+
+
+def evaluations_to(nodes: list[dict[str, Any]], within_ms: float) -> int | None:
+    """How many of a run's own evaluations came before (and including) the first node at or under ``within_ms``; a
+    reused node (already known) adds none."""
+    count = 0
+    for node in nodes:
+        r = node["result"]
+        if not node["cached"]:
+            count += 1
+        if r is not None and r.ok and r.timed and r.runtime_ms is not None and r.runtime_ms <= within_ms:
+            return count
+    return None
+
+
+def run_pair(stem: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from kernelevolve.optimize import OptimizeConfig, optimize
+    from kernelevolve.search import best_node
+    from kernelevolve.store import Store
+
+    row: dict[str, Any] = {"problem": stem, "scaled": PAIRS[stem]}
+    t0 = time.monotonic()
+    try:
+        similar, target = write_pair(stem, args.small, work / "problems")
+        cfg = OptimizeConfig(device=args.device, proposers=tuple(args.proposer.split(",")), max_evals=args.max_evals,
+                             time_budget_s=args.budget_s, stall=None, timing_budget_ms=args.timing_budget_ms)
+        cold_store, warm_store = Store(work / "cold.db"), Store(work / "warm.db")
+        cold = optimize(target, cfg, cold_store, work / "cold")
+        best, _ = best_node(cold_store.nodes(cold.run_id))
+        if best is None or not best["result"].timed:
+            row["error"] = "the cold run found no timed kernel"
+            return row
+        t_best = best["result"].runtime_ms
+        row.update(cold_ms=t_best, cold_evals=cold.search.evaluations,
+                   n_cold=evaluations_to(cold_store.nodes(cold.run_id), t_best), cold_best=best["meta"].get("label"))
+        source_run = optimize(similar, cfg, warm_store, work / "similar")
+        row["source_evals"] = source_run.search.evaluations
+        warm = optimize(target, cfg, warm_store, work / "warm")
+        nodes = warm_store.nodes(warm.run_id)
+        wbest, _ = best_node(nodes)
+        row.update(warm_ms=wbest["result"].runtime_ms if wbest and wbest["result"].timed else None,
+                   warm_evals=warm.search.evaluations, n_warm=evaluations_to(nodes, t_best * (1 + args.tol)),
+                   warm_best=wbest["meta"].get("label") if wbest else None)
+        row["ratio"] = row["n_cold"] / row["n_warm"] if row["n_cold"] and row["n_warm"] else None
+        if row["n_warm"] is None:
+            row["note"] = f"the warm run never came within {100 * args.tol:.0f}% of the cold best"
+        elif row["n_warm"] == 0:
+            row["note"] = "a kernel already known for this problem reached it, with no evaluation"
+        cold_store.close()
+        warm_store.close()
+    except Exception as e:  # one pair's failure is recorded and the benchmark goes on
+        row["error"] = f"{type(e).__name__}: {e}"[:1000]
+    finally:
+        row["wall_s"] = round(time.monotonic() - t0, 1)
+    return row
+
+
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    done = [r for r in rows if "error" not in r]
+    return {"pairs": len(rows), "measured": len(done), "reached": sum(r.get("n_warm") is not None for r in done),
+            "geomean_ratio": geomean([r["ratio"] for r in done if r.get("ratio")]),
+            "cold_evals_to_best": sum(r["n_cold"] or 0 for r in done),
+            "warm_evals_to_reach": sum(r["n_warm"] or 0 for r in done if r.get("n_warm") is not None)}
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    fmt = lambda v, spec=".4g": "—" if v is None else format(v, spec)  # noqa: E731
+    print(f"{'problem':30s} {'cold ms':>9} {'n_cold':>6} {'warm ms':>9} {'n_warm':>6} {'ratio':>6}  note")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['problem']:30s} error: {r['error'][:200]}")
+            continue
+        print(f"{r['problem']:30s} {fmt(r.get('cold_ms')):>9} {fmt(r.get('n_cold'), 'd'):>6} "
+              f"{fmt(r.get('warm_ms')):>9} {fmt(r.get('n_warm'), 'd'):>6} {fmt(r.get('ratio'), '.2f'):>6}  "
+              f"{r.get('note', '')}")
+    s = summarize(rows)
+    print(f"pairs {s['pairs']}, measured {s['measured']}, reached {s['reached']}; geomean ratio "
+          f"{fmt(s['geomean_ratio'], '.2f')}; evaluations: {s['cold_evals_to_best']} cold to best, "
+          f"{s['warm_evals_to_reach']} warm to reach")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    ap.add_argument("--pairs", nargs="+", choices=sorted(PAIRS), help="default: all")
+    ap.add_argument("--proposer", default="template,inductor")
+    ap.add_argument("--budget-s", type=float, default=40.0, help="search time of each of the three runs")
+    ap.add_argument("--max-evals", type=int, default=40)
+    ap.add_argument("--timing-budget-ms", type=float, default=300.0)
+    ap.add_argument("--tol", type=float, default=0.02, help="how close to the cold best counts as reached")
+    ap.add_argument("--small", action="store_true", help="the problems' SMALL sizes (a CPU smoke test)")
+    ap.add_argument("--gpus", type=int, default=1, help="split the pairs across N GPUs, one process each")
+    ap.add_argument("--out-dir", type=Path, default=Path("out/experience"))
+    ap.add_argument("--json", type=Path, help="default: OUT_DIR/experience.json")
+    ap.add_argument("--shard", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    import torch
+
+    from kernelevolve.optimize import versions
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out = args.out_dir.resolve()
+    path = (args.json or out / "experience.json").resolve()
+    stems = args.pairs or list(PAIRS)
+    if args.gpus > 1 and not args.shard:
+        procs = []
+        for i in range(args.gpus):
+            cmd = [sys.executable, __file__, *argv, "--shard", f"{i}/{args.gpus}", "--json", str(out / f"shard{i}.json")]
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / f"shard{i}.log", "w") as log:
+                procs.append(subprocess.Popen(cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": str(i)}, stdout=log,
+                                              stderr=subprocess.STDOUT))
+        for p in procs:
+            p.wait()
+        shards = [json.loads((out / f"shard{i}.json").read_text()) for i in range(args.gpus)
+                  if (out / f"shard{i}.json").exists()]
+        rows = [r for data in shards for r in data["rows"]]
+        head = {k: v for k, v in (shards[0] if shards else {}).items() if k not in ("rows", "summary")}
+    else:
+        if args.shard:
+            i, n = (int(v) for v in args.shard.split("/"))
+            stems = stems[i::n]
+        rows = []
+        for stem in stems:
+            print(f"{stem} ...", flush=True)
+            rows.append(run_pair(stem, args, out / stem))
+            head = {"device": args.device, "device_name": torch.cuda.get_device_name(0) if args.device == "cuda"
+                    else "cpu", **versions(), "command": " ".join(["python3", __file__, *argv]),
+                    "budget_s": args.budget_s, "max_evals": args.max_evals, "proposers": args.proposer,
+                    "tol": args.tol, "small": args.small}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({**head, "rows": rows, "summary": summarize(rows)}, indent=2, default=str))
+    if not args.shard:
+        print_table(rows)
+        if args.gpus > 1:
+            head["command"] = " ".join(["python3", __file__, *argv])
+            path.write_text(json.dumps({**head, "rows": rows, "summary": summarize(rows)}, indent=2, default=str))
+        print(f"rows: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

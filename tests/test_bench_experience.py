@@ -1,0 +1,60 @@
+"""bench/experience.py's pieces: similar problems by scaled sizes, and evaluations counted to a target time."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelevolve.evaluate.result import Result, Status, Timing
+from kernelevolve.problem import load_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    if "bench_experience" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_experience", ROOT / "bench" / "experience.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_experience"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["bench_experience"]
+
+
+exp = _load()
+
+
+def node(ms, cached=False, status=Status.OK):
+    timing = Timing.from_samples([ms], "cuda_event") if ms is not None else None
+    return {"cached": cached, "result": Result(status, "r", timing=timing, timed=ms is not None)}
+
+
+def test_scaled_source_scales_only_the_named_constants():
+    src = "ROWS = 8192\nCOLS = 8_192\nSMALL = {'ROWS': 64}\n"
+    assert exp.scaled_source(src, {"ROWS": 0.5}) == "ROWS = 4096\nCOLS = 8_192\nSMALL = {'ROWS': 64}\n"
+    assert exp.scaled_source("ROWS = 1\n", {"ROWS": 0.5}) == "ROWS = 1\n"
+    with pytest.raises(Exception, match="HEIGHT"):
+        exp.scaled_source(src, {"HEIGHT": 2})
+
+
+@pytest.mark.parametrize("stem", sorted(exp.PAIRS))
+def test_every_pair_makes_two_loadable_problems_of_different_sizes(stem, tmp_path):
+    similar, target = exp.write_pair(stem, True, tmp_path)
+    a, b = load_problem(similar, "cpu"), load_problem(target, "cpu")
+    assert a.sha != b.sha and a.output_dtypes == b.output_dtypes
+
+
+def test_evaluations_to_counts_own_evaluations_only():
+    nodes = [node(5.0, cached=True), node(None, status=Status.INCORRECT), node(3.0), node(2.0)]
+    assert exp.evaluations_to(nodes, 2.0) == 3
+    assert exp.evaluations_to(nodes, 5.0) == 0  # the reused known kernel already reaches it
+    assert exp.evaluations_to(nodes, 1.0) is None
+
+
+def test_summary_ratio():
+    rows = [{"problem": "a", "n_cold": 8, "n_warm": 2, "ratio": 4.0}, {"problem": "b", "n_cold": 3, "n_warm": 3,
+                                                                      "ratio": 1.0},
+            {"problem": "c", "n_cold": 5, "n_warm": None, "ratio": None}, {"problem": "d", "error": "x"}]
+    s = exp.summarize(rows)
+    assert s["geomean_ratio"] == pytest.approx(2.0) and s["reached"] == 2 and s["measured"] == 3
