@@ -1,6 +1,8 @@
-"""``kernelevolve optimize --proposer llm`` end to end against a local OpenAI-compatible server that replays scripted
-replies through the real ``openai`` client: a wrong kernel, its repair (whose prompt carries the first failure), and a
-cheat that the harness rejects. The API key reaches the server and nothing else."""
+"""``kernelevolve optimize --proposer llm`` end to end against a local server that replays scripted replies through
+the real ``openai`` client (an OpenAI-compatible endpoint) and the real ``anthropic`` client (the messages API): a
+wrong kernel, its repair (whose prompt carries the first failure), and a cheat that the harness rejects. The API key
+reaches the server and nothing else. ``--proposer manual`` through the CLI: a timeout, then a resume that reads the
+reply written meanwhile."""
 from __future__ import annotations
 
 import json
@@ -14,7 +16,6 @@ import pytest
 
 from tests.propose.llm_servers import Reply, ScriptedServer, Status
 
-pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,9 @@ CHEAT = MODULE.format(body="        if not hasattr(self, '_memo'):\n"
                            "        return self._memo  # computed once, replayed on every later call")
 
 
-def test_optimize_with_a_local_openai_compatible_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_optimize_with_a_local_server(tmp_path: Path, provider: str) -> None:
+    pytest.importorskip(provider)
     script = [Reply(f"A fused version:\n```python\n{WRONG}```", input_tokens=1200, output_tokens=300),
               Status(429, retry_after="0.001"),  # rate limited once: the client retries
               Reply(f"Fixed:\n```python\n{GOOD}```\nThe activation is now exact GELU.", input_tokens=1500,
@@ -59,7 +62,9 @@ def test_optimize_with_a_local_openai_compatible_server(tmp_path: Path) -> None:
     with ScriptedServer(script) as srv:
         proc = subprocess.run(
             [sys.executable, "-m", "kernelevolve.cli", "--debug", "optimize", str(EXAMPLE), "--proposer", "llm",
-             "--llm-base-url", srv.openai_base_url, "--llm-model", "scripted-coder", "--llm-key-env",
+             "--llm-provider", provider, "--llm-base-url",
+             srv.openai_base_url if provider == "openai" else srv.anthropic_base_url,
+             "--llm-model", "scripted-coder", "--llm-key-env",
              "KE_TEST_LLM_KEY", "--llm-price", "1,2", "--llm-retries", "2", "--max-evals", "3", "--stall", "0",
              "--device", "cpu", "--timing-budget-ms", "100", "--timeout", "300", "--db", str(db), "--out", str(out)],
             capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
@@ -70,7 +75,9 @@ def test_optimize_with_a_local_openai_compatible_server(tmp_path: Path) -> None:
     # the prompts: problem, profile, device facts and rules; the repair carries the first failure
     prompts = [r["body"]["messages"][-1]["content"] for r in requests]
     assert len(prompts) == 4  # three replies and one 429
-    assert all(r["headers"].get("authorization") == f"Bearer {KEY}" for r in requests)
+    assert all(KEY in (r["headers"].get("authorization", ""), r["headers"].get("x-api-key", "")) or
+               r["headers"].get("authorization") == f"Bearer {KEY}" for r in requests)
+    assert {r["path"] for r in requests} == {"/v1/chat/completions" if provider == "openai" else "/v1/messages"}
     first = prompts[0]
     for needle in ("class Model", "input 0: float32 [256, 512]", "roofline floor", "Facts about the target",
                    "caching by pointer"):
@@ -102,3 +109,22 @@ def test_optimize_with_a_local_openai_compatible_server(tmp_path: Path) -> None:
             assert KEY.encode() not in path.read_bytes(), path
     cfg = json.loads(con.execute("SELECT config FROM runs").fetchone()[0])
     assert cfg["proposer_options"]["llm"]["models"][0]["key_env"] == "KE_TEST_LLM_KEY"
+
+
+def test_manual_proposer_times_out_then_resumes_with_the_reply(tmp_path: Path) -> None:
+    out, db, prompts = tmp_path / "out", tmp_path / "ke.db", tmp_path / "prompts"
+    common = ["--device", "cpu", "--timing-budget-ms", "100", "--timeout", "300", "--db", str(db), "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    first = subprocess.run([sys.executable, "-m", "kernelevolve.cli", "optimize", str(EXAMPLE), "--proposer", "manual",
+                            "--manual-dir", str(prompts), "--manual-timeout", "1", "--max-evals", "2", *common],
+                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr  # nothing verified yet
+    assert "nothing left to try" in " ".join(first.stdout.split())
+    prompt = prompts / "run1-001.prompt.md"
+    assert "class Model" in prompt.read_text() and "run1-001.reply.md" in prompt.read_text()
+    (prompts / "run1-001.reply.md").write_text(f"```python\n{GOOD}```")
+    again = subprocess.run([sys.executable, "-m", "kernelevolve.cli", "optimize", str(EXAMPLE), "--resume", "latest",
+                            *common], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    said = " ".join(again.stdout.split())
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "manual" in said and "ok" in said and (out / "best.py").is_file()
