@@ -135,3 +135,13 @@ def test_a_kernel_that_bakes_a_varying_size_is_not_proposed(tmp_path):
     problem = _write(tmp_path, "varying", VARYING_POINTWISE)
     assert plan_problem(problem, "cpu").dynamic == {0: {0}}
     assert TemplateProposer("cpu", seed=0).propose(_ctx(problem), 2) == []
+
+
+def test_fp32_products_try_tf32x3_right_after_the_defaults(tmp_path):
+    from tests.benchsuite import load_suite
+
+    suite = load_suite()
+    path = suite.write_small_copy(suite.PROBLEMS / "dlrm_interaction.py", tmp_path)
+    cands = TemplateProposer("cpu", seed=0).propose(_ctx(load_problem(path)), 2)
+    assert [c.meta["label"] for c in cands] == ["defaults", "prior pairwise_interaction INPUT_PRECISION"]
+    assert [cfg["config"].get("INPUT_PRECISION") for c in cands for cfg in c.meta["configs"]] == ["ieee", "tf32x3"]

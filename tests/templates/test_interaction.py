@@ -180,3 +180,13 @@ def test_cuda_matches_reference(tmp_path, name):
     args = [values[n].cuda() for n in m.inputs]
     for config in configs(template, m):
         check([o.cpu() for o in run(m, config, args)], [values[n] for n in m.outputs])
+
+
+@pytest.mark.parametrize("name, modes", [("dlrm_list_cat", ["ieee", "tf32x3"]), ("dlrm_tril_self_bf16", None)])
+def test_fp32_products_may_use_tf32x3(tmp_path, name, modes):
+    """Exact FMA first; tf32x3 (about fp32 accuracy on tensor cores) for the search. Half inputs use tensor cores."""
+    *problem, _ = CASES[name]
+    (m,) = InteractionTemplate().find(make(tmp_path, name, *problem), set())
+    assert InteractionTemplate().space(m, "cuda").get("INPUT_PRECISION") == modes
+    source = InteractionTemplate().render(m, {"INPUT_PRECISION": "tf32x3"} if modes else {}, "dot0")
+    assert ('input_precision="tf32x3"' in source) == bool(modes)

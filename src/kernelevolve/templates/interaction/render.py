@@ -125,7 +125,8 @@ def _render_dot(match: Match, config: dict[str, Any], name: str) -> str:
     cast = f".to({TL_DTYPES[dtype(pairs_node)]})" + (f".to({out_dtype})" if dtype(pairs_node) != dtype(out) else "")
     # half inputs: tf32 on the up-cast tile is exact (11-bit significands) and is the same MMA arithmetic
     if dtype(pairs_node) == torch.float32:
-        operands, precision = "t, tl.trans(t)", "tf32" if spec.get("allow_tf32") else "ieee"
+        operands = "t, tl.trans(t)"
+        precision = config.get("INPUT_PRECISION", "tf32" if spec.get("allow_tf32") else "ieee")
     else:
         operands, precision = "t.to(tl.float32), tl.trans(t).to(tl.float32)", "tf32"
     kernel = _DOT_KERNEL.format(

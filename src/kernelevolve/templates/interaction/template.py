@@ -12,6 +12,7 @@ from kernelevolve.analyze.pointwise import can_emit
 from kernelevolve.templates.base import Match, make_match
 from kernelevolve.templates.graphutil import UPCASTS, ancestors_within, const_value, pow2, view_chain, view_map
 from kernelevolve.templates.interaction.render import _render_dot, _render_fm
+from kernelevolve.templates.matmul.launch import precisions
 
 FAMILY = "interaction"
 SPACE = {"BLOCK_B": [1, 2, 4, 8], "num_warps": [4, 8, 2], "num_stages": [1, 2]}
@@ -295,6 +296,9 @@ class InteractionTemplate:
             d = max(16, pow2(match.spec["D"]))
             space["BLOCK_K"] = list(dict.fromkeys(max(16, min(v, d)) for v in DOT_SPACE["BLOCK_K"]))
             space["num_stages"] = [2, 1]  # H200, B=16384 F=27 D=128 bf16: 83 us against 122 us with one stage
+            pairs = next(n for n in match.nodes if n.name == match.spec["pick"])
+            if dtype(pairs) == torch.float32:  # exact FMA by default; tf32x3 keeps about fp32 accuracy
+                space["INPUT_PRECISION"] = precisions("tl.float32", bool(match.spec.get("allow_tf32")))
         return space
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
