@@ -93,6 +93,19 @@ def test_settings_reach_the_request(provider: str) -> None:
     assert body.get("temperature") == (0.25 if provider == "openai" else None)
 
 
+def test_server_that_wants_max_completion_tokens() -> None:
+    pytest.importorskip("openai")
+    refusal = {"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                                    "'max_completion_tokens' instead.", "type": "invalid_request_error",
+                         "param": "max_tokens", "code": "unsupported_parameter"}}
+    with ScriptedServer([Status(400, body=refusal), Reply("one"), Reply("two")]) as srv:
+        client = make_client(srv, "openai", max_tokens=99)
+        assert client.complete("s", "u").text == "one" and client.complete("s", "u").text == "two"
+    bodies = [r["body"] for r in srv.requests]
+    assert bodies[0]["max_tokens"] == 99 and "max_tokens" not in bodies[1] and "max_tokens" not in bodies[2]
+    assert bodies[1]["max_completion_tokens"] == 99 and bodies[2]["max_completion_tokens"] == 99  # remembered
+
+
 def test_cost_unknown_without_prices(provider: str) -> None:
     with ScriptedServer([Reply("ok")]) as srv:
         assert make_client(srv, provider, spec_kw={"price_in": 1.0}).complete("s", "u").cost_usd is None

@@ -231,6 +231,7 @@ class LLMClient:
         self._slots = threading.BoundedSemaphore(settings.concurrency)
         self._sdk_clients: dict[ModelSpec, Any] = {}
         self._sdk_lock = threading.Lock()
+        self._token_param: dict[str, str] = {}  # model -> the name its server takes for the reply budget
 
     def __repr__(self) -> str:
         return f"LLMClient(models={[m.name for m in self.settings.models]})"
@@ -282,10 +283,18 @@ class LLMClient:
 
     def _call_openai(self, client: Any, spec: ModelSpec, system: str, user: str) -> tuple[str, int, int]:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        kwargs: dict[str, Any] = {"model": spec.name, "max_tokens": self.settings.max_tokens, "messages": messages}
+        param = self._token_param.get(spec.name, "max_tokens")
+        kwargs: dict[str, Any] = {"model": spec.name, param: self.settings.max_tokens, "messages": messages}
         if self.settings.temperature is not None:
             kwargs["temperature"] = self.settings.temperature
-        resp = client.chat.completions.create(**kwargs)
+        try:
+            resp = client.chat.completions.create(**kwargs)
+        except Exception as e:
+            # OpenAI's reasoning models refuse max_tokens and name its successor; ask again, and remember
+            if param == "max_tokens" and getattr(e, "status_code", None) == 400 and "max_completion_tokens" in str(e):
+                self._token_param[spec.name] = "max_completion_tokens"
+                return self._call_openai(client, spec, system, user)
+            raise
         text = (resp.choices[0].message.content or "") if resp.choices else ""
         usage = resp.usage
         return text, getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0
