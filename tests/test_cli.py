@@ -169,3 +169,27 @@ def test_check_with_baseline_reports_speedups(files):
     assert payload["status"] == "ok"
     for key in ("speedup_eager", "speedup_compile", "eager_ms", "compile_ms"):
         assert isinstance(payload[key], float) and payload[key] > 0, (key, payload)
+
+
+def test_prompt_previews_the_next_step(tmp_path, capsys):
+    from kernelevolve.candidate import Candidate
+    from kernelevolve.cli import main
+    from kernelevolve.evaluate.result import Result, Status
+    from kernelevolve.problem import load_problem
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "gelu_mlp.py"
+    assert main(["prompt", str(example), "--device", "cpu", "--no-profile"]) == 0
+    out = capsys.readouterr().out
+    assert "class Model" in out and "caching by pointer" in out and "strategy scratch" in out
+
+    db = tmp_path / "ke.db"
+    store = Store(db)
+    problem = load_problem(example, "cpu")
+    run = store.create_run(problem, "cpu", "cpu:test", {}, {})
+    node, _ = store.add_node(run, problem.sha, "cpu:test", Candidate("class ModelNew: pass  # BROKEN\n",
+                                                                      proposer="llm", meta={"label": "x"}))
+    store.save_result(node, Result(Status.COMPILE_ERROR, "NameError: torch is not defined"))
+    store.close()
+    assert main(["prompt", str(example), "--device", "cpu", "--run", "latest", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert f"strategy repair from node {node}" in out and "# BROKEN" in out and "torch is not defined" in out

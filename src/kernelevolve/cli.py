@@ -190,6 +190,45 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_prompt(args: argparse.Namespace) -> int:
+    """Print the prompt the llm and manual proposers would send next; no model is called."""
+    from kernelevolve.problem import load_problem
+    from kernelevolve.propose.base import ProposalContext
+    from kernelevolve.propose.llm import PromptedProposer
+    from kernelevolve.propose.prompt import build_prompt
+
+    device = _device(args)
+    problem = load_problem(args.problem, device)
+    history, profile, experience = [], None, []
+    if args.run:
+        from kernelevolve.search.loop import rank_experience
+        from kernelevolve.store import Store
+
+        store = Store(args.db)
+        run = store.run(args.run)
+        if run["problem_sha"] != problem.sha:
+            raise UsageError(f"run {run['id']} is of another problem (or of an older version of {args.problem})")
+        history, profile = store.nodes(run["id"]), run.get("profile")
+        experience = rank_experience(store.experience(run["device_key"], None, exclude_run=run["id"]), profile)
+    elif not args.no_profile:
+        from kernelevolve.profile import profile_problem
+
+        profile = profile_problem(problem, device).to_dict()
+    preview = type("PromptPreview", (PromptedProposer,), {"name": args.proposer})  # whose failures it repairs
+    proposer = preview(device, seed=args.seed, knowledge_dirs=args.knowledge or (), prompts_dir=args.prompts,
+                       budget_tokens=args.prompt_tokens)
+    ctx = ProposalContext(problem, device, profile, history, [], experience)
+    pin = proposer.prompt_inputs(ctx)
+    strategy, parent, kids = proposer.expander.plan(history, 1)[0]
+    best = sorted((n for n in history if n.get("result") is not None and n["result"].ok),
+                  key=lambda n: n["result"].runtime_ms if n["result"].timed else float("inf"))
+    prompt = build_prompt(strategy, pin, parent, kids, best, args.prompt_tokens)
+    print(f"# System\n\n{prompt.system}\n# Prompt\n\n{prompt.user}")
+    print(f"<!-- strategy {strategy}{' from node ' + str(parent['id']) if parent else ''}; about "
+          f"{prompt.tokens} tokens of {args.prompt_tokens}; dropped: {', '.join(prompt.dropped) or 'nothing'} -->")
+    return EXIT_OK
+
+
 def _render_plan(problem, device: str) -> str:
     """The regions the template library claims in the reference's ATen graph, and what runs as plain ATen."""
     from kernelevolve.propose.template import plan_problem
@@ -313,6 +352,19 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--device", choices=["cpu", "cuda"])
     i.add_argument("--measure", action="store_true", help="measure the device's ceilings instead of reading them")
     i.set_defaults(func=cmd_inspect)
+
+    q = sub.add_parser("prompt", help="print the prompt a language model would get next (no model is called)")
+    q.add_argument("problem")
+    q.add_argument("--device", choices=["cpu", "cuda"])
+    q.add_argument("--run", help="build it from this stored run's tree (an id or 'latest'), as its next step would")
+    q.add_argument("--db", default=DEFAULT_DB)
+    q.add_argument("--no-profile", action="store_true", help="skip profiling the reference (without --run)")
+    q.add_argument("--knowledge", action="append", metavar="DIR", help="a folder of your own notes; repeatable")
+    q.add_argument("--prompts", metavar="DIR", help="prompt templates that replace the built-in ones by file name")
+    q.add_argument("--prompt-tokens", type=int, default=12000)
+    q.add_argument("--seed", type=int, default=0, help="seeds the choice of step")
+    q.add_argument("--proposer", choices=["llm", "manual"], default="llm", help="whose step, with --run")
+    q.set_defaults(func=cmd_prompt)
 
     r = sub.add_parser("runs", help="list runs in the store")
     r.add_argument("--db", default=DEFAULT_DB)
