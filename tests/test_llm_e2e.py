@@ -91,7 +91,7 @@ def test_optimize_with_a_local_server(tmp_path: Path, provider: str) -> None:
                        "JOIN results r ON r.candidate_id = n.candidate_id ORDER BY n.id").fetchall()
     assert [r[1] for r in rows] == ["incorrect", "ok", "incorrect"] or [r[1] for r in rows] == [
         "incorrect", "ok", "rejected"], rows
-    assert [r[2] for r in rows] == ["scratch", "repair", "improve"]
+    assert [r[2] for r in rows][:2] == ["scratch", "repair"]  # the third improves, or explores from scratch
     best = (out / "best.py").read_text()  # the repaired kernel, or the reference when it did not beat eager here
     assert "torch.addcmul" in best or "no candidate of this run beat eager" in best
     said = " ".join(proc.stdout.split())  # the console wraps long lines

@@ -165,20 +165,44 @@ def test_reopen_keeps_data(tmp_path):
     s.close()
 
 
-def test_experience_is_the_fastest_node_of_each_earlier_run_on_the_device(store):
-    metas = []
+def test_experience_records_the_fastest_node_of_each_run_and_proposer(store):
+    import json
+
     for run_ms in ((3.0, 1.0), (2.0, 5.0)):
         run = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+        store.update_run(run, profile=json.dumps({"dtype": "bfloat16", "bytes": 3 * 2**20}))
         for i, ms in enumerate(run_ms):
-            meta = {"configs": [{"family": "pointwise", "config": {"BLOCK": 256 * (i + 1)}}], "ms": ms}
+            meta = {"configs": [{"family": "pointwise", "config": {"BLOCK": 256 * (i + 1)}}], "ms": ms,
+                    "label": f"c{i}"}
             node, _ = store.add_node(run, PROBLEM.sha, KEY, Candidate(f"# {run} {i}\n", proposer="template",
                                                                        meta=meta))
             store.save_result(node, _ok(ms))
-            metas.append(meta)
+        node, _ = store.add_node(run, PROBLEM.sha, KEY, Candidate(f"# {run} llm\n", proposer="llm",
+                                                                   meta={"strategy": "repair", "families": ["matmul"]}))
+        store.save_result(node, _ok(9.0))
+        assert store.record_experience(run) == 2  # one row per proposer
+        assert store.record_experience(run) == 2  # recording again replaces
     current = store.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
     got = store.experience(KEY, "template", exclude_run=current)
     assert [e["meta"]["ms"] for e in got] == [1.0, 2.0]  # each run's fastest, fastest runs first
-    assert got[0]["source"].endswith(" 1\n") and got[0]["problem"] == PROBLEM.name and got[0]["bytes"] is None
-    assert [e["ms"] for e in store.experience(KEY, None)] == [1.0, 2.0]
+    e = got[0]
+    assert e["source"].endswith(" 1\n") and e["problem"] == PROBLEM.name and e["strategy"] == "c1"
+    assert e["families"] == ["matmul", "pointwise"] and e["dtype"] == "bfloat16" and e["size_bucket"] == 22
+    assert [x["proposer"] for x in store.experience(KEY, None)] == ["template", "template", "llm", "llm"]
+    assert store.experience(KEY, "llm")[0]["strategy"] == "repair"
     assert store.experience("cuda:other", "template") == []
     assert store.experience(KEY, "inductor") == []
+
+
+def test_experience_is_backfilled_for_older_databases(tmp_path):
+    s = Store(tmp_path / "ke.db")
+    run = s.create_run(PROBLEM, "cpu", KEY, CFG, VERSIONS)
+    node, _ = s.add_node(run, PROBLEM.sha, KEY, Candidate("# a\n", proposer="template", meta={}))
+    s.save_result(node, _ok(2.0))
+    s.update_run(run, status="finished")
+    s.db.execute("DELETE FROM experience")  # as written before the table existed
+    s.db.commit()
+    s.close()
+    s = Store(tmp_path / "ke.db")
+    assert [e["ms"] for e in s.experience(KEY, None)] == [2.0]
+    s.close()

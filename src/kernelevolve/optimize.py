@@ -129,6 +129,7 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
         raise
     pool.shutdown()
     store.update_run(run_id, status="finished", finished=now(), stop_reason=outcome.stop_reason)
+    store.record_experience(run_id)
     best = outcome.best["result"].with_baseline(baseline) if outcome.best else None
     files = write_outputs(store, run_id, out_dir)
     return RunOutcome(run_id, outcome, baseline, best, files)

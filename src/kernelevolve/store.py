@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL,
     prompt_sha TEXT, created TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS llm_calls_run ON llm_calls(run_id);
+CREATE TABLE IF NOT EXISTS experience (
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), proposer TEXT NOT NULL,
+    device_key TEXT NOT NULL, problem_sha TEXT NOT NULL, families TEXT NOT NULL, dtype TEXT, bytes REAL,
+    size_bucket INTEGER, strategy TEXT, meta TEXT NOT NULL, candidate_id INTEGER NOT NULL REFERENCES candidates(id),
+    runtime_ms REAL NOT NULL, speedup_eager REAL, created TEXT NOT NULL, UNIQUE (run_id, proposer));
+CREATE INDEX IF NOT EXISTS experience_device ON experience(device_key);
 """
 # llm_calls.status: "candidate" (the reply became a candidate, whose node meta names the call), "no_code" (the reply held no usable file; detail
 # says why) or "error" (the call failed: detail is the error kind and message). No prompt or key is stored.
@@ -60,6 +67,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self.db.commit()
+        self._backfill_experience()
 
     def close(self) -> None:
         self.db.close()
@@ -150,21 +158,56 @@ class Store:
             out.append(d)
         return out
 
+    # --- experience across runs ------------------------------------------------------------------------------
+    def record_experience(self, run_id: int) -> int:
+        """Record what won in a run: for each proposer, its fastest verified timed node, keyed by device model, the op
+        families of the problem (from the nodes' metas), dtype and size bucket (log2 of the bytes the problem moves),
+        with its strategy, its configuration (the node's meta) and its code (the candidate). Returns the rows
+        written; recording a run again replaces its rows."""
+        run = self.run(run_id)
+        nodes = [n for n in self.nodes(run_id) if not n["meta"].get("reused")]
+        families = sorted({c["family"] for n in nodes for c in n["meta"].get("configs", [])}
+                          | {f for n in nodes for f in n["meta"].get("families", [])})
+        prof = run.get("profile") or {}
+        nbytes = prof.get("bytes")
+        bucket = round(math.log2(nbytes)) if nbytes else None
+        best: dict[str, dict[str, Any]] = {}
+        for n in nodes:
+            r = n["result"]
+            if r is not None and r.ok and r.timed and r.runtime_ms is not None:
+                if n["proposer"] not in best or r.runtime_ms < best[n["proposer"]]["result"].runtime_ms:
+                    best[n["proposer"]] = n
+        with self.db:
+            self.db.execute("DELETE FROM experience WHERE run_id = ?", (run_id,))
+            for proposer, n in best.items():
+                r = n["result"]
+                self.db.execute(
+                    "INSERT INTO experience (run_id, proposer, device_key, problem_sha, families, dtype, bytes, "
+                    "size_bucket, strategy, meta, candidate_id, runtime_ms, speedup_eager, created) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (run_id, proposer, run["device_key"], run["problem_sha"], json.dumps(families), prof.get("dtype"),
+                     nbytes, bucket, n["meta"].get("strategy") or n["meta"].get("label"), json.dumps(n["meta"]),
+                     n["candidate_id"], r.runtime_ms, r.speedup_eager, now()))
+        return len(best)
+
     def experience(self, device_key: str, proposer: str | None, exclude_run: int | None = None,
                    limit: int = 50) -> list[dict[str, Any]]:
-        """The fastest verified node of each earlier run on this device model (by ``proposer``, or by any proposer
-        when None), fastest runs first. Each entry: ``meta``, ``source``, ``proposer``, ``ms``, ``speedup_eager``, and
-        the run's ``problem_sha``, ``problem``, and the ``dtype`` and ``bytes`` of its profile (None when unprofiled)."""
+        """Recorded winners of earlier runs on this device model (by ``proposer``, or by any proposer when None),
+        fastest first. Each entry: ``meta``, ``source``, ``proposer``, ``strategy``, ``ms``, ``speedup_eager``, and the
+        run's ``problem_sha``, ``problem``, ``families``, ``dtype``, ``bytes`` and ``size_bucket``."""
         rows = self.db.execute(
-            "SELECT n.run_id, n.meta, n.proposer, c.source, MIN(r.runtime_ms) AS ms, "
-            "json_extract(r.data, '$.speedup_eager') AS speedup_eager, u.problem_sha, p.name AS problem, "
-            "json_extract(u.profile, '$.dtype') AS dtype, json_extract(u.profile, '$.bytes') AS bytes "
-            "FROM nodes n JOIN results r ON r.candidate_id = n.candidate_id JOIN candidates c ON c.id = n.candidate_id "
-            "JOIN runs u ON u.id = n.run_id JOIN problems p ON p.sha = u.problem_sha "
-            "WHERE u.device_key = ? AND (? IS NULL OR n.proposer = ?) AND r.status = 'ok' AND r.timed = 1 "
-            "AND n.run_id != ? GROUP BY n.run_id ORDER BY ms LIMIT ?",
+            "SELECT e.run_id, e.proposer, e.strategy, e.meta, e.runtime_ms AS ms, e.speedup_eager, e.problem_sha, "
+            "p.name AS problem, e.families, e.dtype, e.bytes, e.size_bucket, c.source FROM experience e "
+            "JOIN candidates c ON c.id = e.candidate_id JOIN problems p ON p.sha = e.problem_sha "
+            "WHERE e.device_key = ? AND (? IS NULL OR e.proposer = ?) AND e.run_id != ? ORDER BY e.runtime_ms LIMIT ?",
             (device_key, proposer, proposer, exclude_run or -1, limit)).fetchall()
-        return [dict(row, meta=json.loads(row["meta"])) for row in rows]
+        return [dict(row, meta=json.loads(row["meta"]), families=json.loads(row["families"])) for row in rows]
+
+    def _backfill_experience(self) -> None:
+        """Databases written before the experience table: record their finished runs once."""
+        if self.db.execute("SELECT 1 FROM experience LIMIT 1").fetchone() is None:
+            for (run_id,) in self.db.execute("SELECT id FROM runs WHERE status = 'finished'").fetchall():
+                self.record_experience(run_id)
 
     def fastest_known(self, problem_sha: str, device_key: str, limit: int = 3) -> list[dict[str, Any]]:
         """The fastest verified, timed candidates of this problem on this device model, from any run, fastest first:

@@ -220,8 +220,10 @@ class PromptedProposer:
 
 
 def _entry_families(entry: dict[str, Any]) -> set[str]:
+    """The op families of an earlier winner's problem, as recorded, else as its meta tells."""
     meta = entry["meta"]
-    return {c["family"] for c in meta.get("configs", [])} | set(meta.get("families", []))
+    return set(entry.get("families") or ()) | {c["family"] for c in meta.get("configs", [])} | set(
+        meta.get("families", []))
 
 
 def _families(ctx: ProposalContext) -> list[str]:
