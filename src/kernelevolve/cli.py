@@ -229,6 +229,59 @@ def cmd_prompt(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_approve(args: argparse.Namespace) -> int:
+    from kernelevolve.export import ExportError, approve
+    from kernelevolve.store import Store
+
+    store = Store(args.db)
+    try:
+        a = approve(store, args.run, args.candidate, args.note, args.by)
+    except ExportError as e:
+        raise UsageError(str(e)) from e
+    print(f"approved node {a['node_id']} of run {a['run_id']} (source {a['candidate_sha'][:12]}) by "
+          f"{a['approved_by']} at {a['created']}: {a['note']}")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from kernelevolve.export import (ExportError, approve, build_export, check_approval, resolve, stored_problem,
+                                     verify_shapes)
+    from kernelevolve.store import Store
+
+    store = Store(args.db)
+    console = _console()
+    out = Path(args.out)
+    try:
+        node = resolve(store, args.run, args.candidate)
+        if args.auto_approve and not store.approvals(node["run"]["id"], node["id"]):
+            approve(store, node["run"]["id"], node["id"], "exported with --auto-approve", f"--auto-approve ({_who()})")
+        approval = check_approval(store, node)
+        device = args.device or node["run"]["device"]
+        problem = stored_problem(store, node["run"], out.parent / f".{out.stem}-work")
+        console.print(f"verifying node {node['id']} of run {node['run']['id']} on every shape ({device})",
+                      markup=False)
+        shapes = verify_shapes(problem, node["source"], device, out.parent / f".{out.stem}-work",
+                               timeout_s=args.timeout, on_case=lambda case, row: console.print(
+                                   f"  {row['label']:<22} {row['verdict']:<8} "
+                                   f"{'—' if row.get('speedup') is None else format(row['speedup'], '.2f') + 'x':>8}"
+                                   f"  {row.get('reason', '')[:80]}", markup=False))
+        dispatch = ("wins",) if args.dispatch == "wins" else ("wins", "ties", "loses", "untimed")
+        module, test = build_export(store, node["run"]["id"], node["id"], out, shapes, approval, dispatch)
+    except ExportError as e:
+        raise UsageError(str(e)) from e
+    on = [r["label"] for r in shapes if r["verdict"] in dispatch]
+    console.print(f"kernel dispatched on: {', '.join(on) if on else 'no shape (every call runs the reference)'}",
+                  markup=False)
+    console.print(f"module: {module}\ntest: {test}  (python -m pytest -q {test})", markup=False)
+    return EXIT_OK
+
+
+def _who() -> str:
+    from kernelevolve.export import _user
+
+    return _user()
+
+
 def _render_plan(problem, device: str) -> str:
     """The regions the template library claims in the reference's ATen graph, and what runs as plain ATen."""
     from kernelevolve.propose.template import plan_problem
@@ -365,6 +418,26 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--seed", type=int, default=0, help="seeds the choice of step")
     q.add_argument("--proposer", choices=["llm", "manual"], default="llm", help="whose step, with --run")
     q.set_defaults(func=cmd_prompt)
+
+    a = sub.add_parser("approve", help="approve a run's best candidate (or --candidate ID) for export")
+    a.add_argument("run", help="run id or 'latest'")
+    a.add_argument("--candidate", type=int, help="a node id of the run (default: its best verified node)")
+    a.add_argument("--note", required=True, help="what was reviewed, and why it may ship")
+    a.add_argument("--by", help="who approves (default: the current user)")
+    a.add_argument("--db", default=DEFAULT_DB)
+    a.set_defaults(func=cmd_approve)
+
+    x = sub.add_parser("export", help="write an approved kernel as a standalone, shape-guarded custom-op module")
+    x.add_argument("run", help="run id or 'latest'")
+    x.add_argument("--candidate", type=int, help="a node id of the run (default: its best verified node)")
+    x.add_argument("--out", required=True, help="the module to write (FILE.py); test_FILE.py is written beside it")
+    x.add_argument("--db", default=DEFAULT_DB)
+    x.add_argument("--auto-approve", action="store_true", help="approve it now (unattended pipelines)")
+    x.add_argument("--device", choices=["cpu", "cuda"], help="where to verify the shapes (default: the run's)")
+    x.add_argument("--dispatch", choices=["wins", "verified"], default="wins",
+                   help="run the kernel only where it was faster (wins), or wherever it was verified")
+    x.add_argument("--timeout", type=float, default=600.0, help="hard limit per shape, seconds")
+    x.set_defaults(func=cmd_export)
 
     r = sub.add_parser("runs", help="list runs in the store")
     r.add_argument("--db", default=DEFAULT_DB)

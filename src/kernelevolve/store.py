@@ -43,6 +43,9 @@ CREATE TABLE IF NOT EXISTS experience (
     size_bucket INTEGER, strategy TEXT, meta TEXT NOT NULL, candidate_id INTEGER NOT NULL REFERENCES candidates(id),
     runtime_ms REAL NOT NULL, speedup_eager REAL, created TEXT NOT NULL, UNIQUE (run_id, proposer));
 CREATE INDEX IF NOT EXISTS experience_device ON experience(device_key);
+CREATE TABLE IF NOT EXISTS approvals (
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), node_id INTEGER NOT NULL REFERENCES nodes(id),
+    candidate_sha TEXT NOT NULL, approved_by TEXT NOT NULL, note TEXT NOT NULL, created TEXT NOT NULL);
 """
 # llm_calls.status: "candidate" (the reply became a candidate, whose node meta names the call), "no_code" (the reply held no usable file; detail
 # says why) or "error" (the call failed: detail is the error kind and message). No prompt or key is stored.
@@ -253,6 +256,20 @@ class Store:
 
         models = sorted({r["model"] for r in calls})
         return dict(total(calls), by_model={m: total([r for r in calls if r["model"] == m]) for m in models})
+
+    # --- approvals --------------------------------------------------------------------------------------------
+    def add_approval(self, run_id: int, node_id: int, candidate_sha: str, by: str, note: str) -> dict[str, Any]:
+        """Who approved which source (by its sha256) of a run's node, when and why."""
+        if not note.strip():
+            raise StoreError("an approval needs a note: what was reviewed, and why it may ship")
+        aid = self._write("INSERT INTO approvals (run_id, node_id, candidate_sha, approved_by, note, created) "
+                          "VALUES (?,?,?,?,?,?)", (run_id, node_id, candidate_sha, by, note, now()))
+        return dict(self.db.execute("SELECT * FROM approvals WHERE id = ?", (aid,)).fetchone())
+
+    def approvals(self, run_id: int, node_id: int | None = None) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM approvals WHERE run_id = ? AND (? IS NULL OR node_id = ?) ORDER BY id",
+                               (run_id, node_id, node_id)).fetchall()
+        return [dict(r) for r in rows]
 
     def count_evaluated(self, run_id: int) -> int:
         return self.db.execute(

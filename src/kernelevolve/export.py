@@ -1,0 +1,487 @@
+"""From a verified candidate to production: verification on many shapes, approval, and a standalone module.
+
+- ``verify_shapes``: the candidate through the whole harness on every shape the problem declares and on shapes derived
+  from the first one (half, double and one-less of the batch-like leading dimension). Each gets a verdict: ``wins``,
+  ``ties`` or ``loses`` against eager, ``untimed`` when timings would be meaningless, ``fallback`` when the candidate
+  was right only through its own reference path, ``wrong`` or ``error``.
+- ``approve``: records who approved which candidate (by its source hash), when and why. A changed source voids it.
+- ``export``: a module that needs only torch (and triton when the kernel uses it), with a ``torch.library.custom_op``
+  (and its fake implementation, so torch.compile and torch.export trace through), a guarded ``ModelNew`` that runs the
+  op only on the devices, dtypes and shapes it was verified on, provenance in its docstring, and a pytest file beside
+  it that checks the module against the reference.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import hashlib
+import json
+import os
+import pprint
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.problem import Problem, build_model, import_module_from_path, load_problem, make_inputs
+from kernelevolve.store import Store
+
+WIN, TIE = 1.05, 0.95  # speedup over eager above which a shape wins, below which it loses
+VERDICTS = ("wins", "ties", "loses", "untimed", "fallback", "wrong", "error")
+
+
+class ExportError(Exception):
+    pass
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# --- shapes -----------------------------------------------------------------------------------------------------------
+DERIVE = '''
+
+# ---- derived inputs for export verification: leading dimension {old} -> {new} ----
+import torch as _ke_torch
+
+_ke_get_inputs = get_inputs
+
+
+def _ke_resize(v, old, new):
+    if not isinstance(v, _ke_torch.Tensor) or v.dim() == 0 or v.shape[0] != old:
+        return v
+    if new <= old:
+        return v[:new].clone()
+    return _ke_torch.cat([v] * -(-new // old))[:new].clone()
+
+
+def get_inputs():
+    return [_ke_resize(v, {old}, {new}) for v in _ke_get_inputs()]
+
+
+get_extra_inputs = None
+'''
+
+
+def leading_dim(values: list[Any]) -> int | None:
+    """The most common leading size among the tensor inputs (the batch-like dimension), if any is above 1."""
+    sizes = Counter(v.shape[0] for v in values if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] > 1)
+    return sizes.most_common(1)[0][0] if sizes else None
+
+
+def shape_key(values: list[Any]) -> list[list[Any]]:
+    """What the guard compares: each input's shape and dtype (or a scalar's value)."""
+    return [[list(v.shape), str(v.dtype).removeprefix("torch.")] if isinstance(v, torch.Tensor) else ["scalar", v]
+            for v in values]
+
+
+@dataclass(frozen=True)
+class ShapeCase:
+    label: str
+    path: Path  # a problem file whose first input set is this shape
+    shape_index: int = 0
+
+
+def shape_cases(problem: Problem, workdir: Path) -> list[ShapeCase]:
+    """Every declared shape, then the shapes derived from the first: half, double and one less of its batch-like
+    leading dimension."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cases = [ShapeCase("declared 0" if problem.n_shapes > 1 else "declared", Path(problem.path))]
+    cases += [ShapeCase(f"declared {i}", Path(problem.path), i) for i in range(1, problem.n_shapes)]
+    module = import_module_from_path(problem.path, f"_ke_export_{problem.short_sha}")
+    old = leading_dim(make_inputs(module, 0))
+    if old is None:
+        return cases
+    for label, new in (("half batch", max(1, old // 2)), ("double batch", old * 2), ("odd batch", old - 1)):
+        if new in (old, 0) or any(c.label.endswith(f"({new})") for c in cases):
+            continue
+        path = workdir / f"{Path(problem.path).stem}__{new}.py"
+        path.write_text(problem.source.rstrip() + "\n" + DERIVE.format(old=old, new=new))
+        cases.append(ShapeCase(f"{label} ({new})", path))
+    return cases
+
+
+def _verdict(result: Any) -> str:
+    """``fallback``: correct on every trial, but through the candidate's own reference path (its kernels did not run
+    on this shape), so the export leaves this shape to the reference."""
+    if result.status.value == "rejected" and "launched none" in result.reason:
+        return "fallback"
+    if result.status.value != "ok":
+        return "wrong" if result.status.value in ("incorrect", "rejected") else "error"
+    if not result.timed or result.speedup_eager is None:
+        return "untimed"
+    return "wins" if result.speedup_eager >= WIN else "ties" if result.speedup_eager > TIE else "loses"
+
+
+def verify_shapes(problem: Problem, source: str, device: str, workdir: Path, timeout_s: float = 600.0,
+                  timing_budget_ms: float = 300.0, on_case=lambda case, row: None) -> list[dict[str, Any]]:
+    """The candidate judged and timed by the harness on every shape case, each against its own eager baseline."""
+    from kernelevolve.optimize import OptimizeConfig, make_evaluator
+
+    cfg = OptimizeConfig(device=device, timeout_s=timeout_s, timing_budget_ms=timing_budget_ms)
+    rows = []
+    for case in shape_cases(problem, workdir / "shapes"):
+        row: dict[str, Any] = {"label": case.label}
+        try:
+            p = load_problem(case.path, device)
+            module = import_module_from_path(case.path, f"_ke_case_{p.short_sha}_{case.shape_index}")
+            row["inputs"] = shape_key(make_inputs(module, 0, case.shape_index))
+            evaluator = make_evaluator(p, cfg, workdir / "eval" / re.sub(r"\W+", "_", case.label))
+            result = evaluator.evaluate(Candidate(source)).with_baseline(evaluator.baseline(compiled=False))
+            row.update(verdict=_verdict(result), status=result.status.value, reason=result.reason,
+                       speedup=result.speedup_eager, runtime_ms=result.runtime_ms)
+            if case.shape_index and row["verdict"] in ("wins", "ties", "loses", "untimed"):
+                row["note"] = "timed on the first shape only" if row["verdict"] != "untimed" else ""
+        except Exception as e:  # a derived shape the reference itself cannot take is not the candidate's failure
+            row.update(verdict="error", status="error", reason=f"{type(e).__name__}: {e}"[:300], speedup=None)
+        rows.append(row)
+        on_case(case, row)
+    return rows
+
+
+# --- approval ---------------------------------------------------------------------------------------------------------
+def resolve(store: Store, run: str | int, candidate: int | None) -> dict[str, Any]:
+    """The node to export: ``candidate`` (a node id of the run), or the run's best verified node."""
+    from kernelevolve.search import best_node
+
+    run_row = store.run(run)
+    nodes = store.nodes(run_row["id"])
+    if candidate is not None:
+        node = next((n for n in nodes if n["id"] == candidate), None)
+        if node is None:
+            raise ExportError(f"run {run_row['id']} has no node {candidate}; see kernelevolve show {run_row['id']}")
+    else:
+        node, _ = best_node(nodes)
+        if node is None:
+            raise ExportError(f"run {run_row['id']} has no verified candidate to export")
+    if node["result"] is None or not node["result"].ok:
+        raise ExportError(f"node {node['id']} is not verified ({node['result'].status.value if node['result'] else 'not evaluated'})")
+    return dict(node, run=run_row)
+
+
+def approve(store: Store, run: str | int, candidate: int | None, note: str, by: str | None = None) -> dict[str, Any]:
+    node = resolve(store, run, candidate)
+    return store.add_approval(node["run"]["id"], node["id"], sha256(node["source"]), by or _user(), note)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user database entry (some containers)
+        return os.environ.get("USER", "unknown")
+
+
+def check_approval(store: Store, node: dict[str, Any]) -> dict[str, Any]:
+    """The approval that covers this node's current source; ExportError when there is none or it is void."""
+    approvals = store.approvals(node["run"]["id"], node["id"])
+    if not approvals:
+        raise ExportError(f"node {node['id']} of run {node['run']['id']} is not approved: run kernelevolve approve "
+                          f"{node['run']['id']} --candidate {node['id']} --note TEXT (or export with --auto-approve)")
+    current = sha256(node["source"])
+    valid = [a for a in approvals if a["candidate_sha"] == current]
+    if not valid:
+        raise ExportError(f"the approval of node {node['id']} is void: its source changed after approval "
+                          f"(approved {approvals[-1]['candidate_sha'][:12]}, now {current[:12]})")
+    return valid[-1]
+
+
+# --- the exported module ----------------------------------------------------------------------------------------------
+MODULE = '''"""{title}
+
+{provenance}
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+KERNELEVOLVE_EXPORT = {export}
+
+_REFERENCE_SOURCE = {reference}
+
+_KERNEL_SOURCE = {kernel}
+
+
+def _import_source(tag, source):
+    """Import ``source`` from a real file, as triton.jit reads kernel source back from its file."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    name = f"_kernelevolve_{{tag}}_{{digest}}"
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = Path(tempfile.gettempdir()) / "kernelevolve-export"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{{tag}}_{{digest}}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = path.with_name(f"{{path.name}}.{{os.getpid()}}.tmp")
+        tmp.write_text(source)
+        tmp.replace(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_reference = _import_source("reference", _REFERENCE_SOURCE)
+Model = _reference.Model
+get_inputs = _reference.get_inputs
+get_init_inputs = _reference.get_init_inputs
+
+# The approval covers this exact kernel source: an edited kernel is never dispatched to.
+APPROVED = hashlib.sha256(_KERNEL_SOURCE.encode()).hexdigest() == KERNELEVOLVE_EXPORT["candidate_sha"]
+if not APPROVED:
+    warnings.warn(f"{{__name__}}: the kernel source is not the approved one; every call runs the reference", stacklevel=2)
+
+_GUARD = {{tuple(tuple((tuple(s), d) if s != "scalar" else (s, d) for s, d in shape["inputs"]))
+          for shape in KERNELEVOLVE_EXPORT["shapes"] if shape["verdict"] in KERNELEVOLVE_EXPORT["dispatch"]}}
+_STATE = [(name, tuple(shape), dtype) for name, shape, dtype in KERNELEVOLVE_EXPORT["state"]]
+_CAPABILITY = tuple(KERNELEVOLVE_EXPORT["capability"]) if KERNELEVOLVE_EXPORT["capability"] else None
+_SINGLE = KERNELEVOLVE_EXPORT["single_output"]
+_kernels = {{}}
+_meta = []
+
+
+def _key(inputs):
+    return tuple((tuple(v.shape), str(v.dtype).removeprefix("torch.")) if isinstance(v, torch.Tensor) else
+                 ("scalar", v) for v in inputs)
+
+
+def _capability(device):
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def _state(module):
+    return [t for _, t in module.named_parameters()] + [t for _, t in module.named_buffers()]
+
+
+def dispatches(inputs, state):
+    """Whether the kernel runs for these inputs and this state: verified (and faster) there, same device kind and
+    capability, inference only. Everything else runs the reference."""
+    tensors = [v for v in inputs if isinstance(v, torch.Tensor)] + list(state)
+    if not APPROVED or _key(inputs) not in _GUARD or len(state) != len(_STATE) or not tensors:
+        return False
+    if any((tuple(t.shape), str(t.dtype).removeprefix("torch.")) != (s, d) for t, (_, s, d) in zip(state, _STATE)):
+        return False
+    device = tensors[0].device
+    if any(t.device != device for t in tensors) or device.type != KERNELEVOLVE_EXPORT["device"]:
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False  # the kernel has no backward
+    return _CAPABILITY is None or _capability(device) == _CAPABILITY
+
+
+def _bind(module, state):
+    """Point ``module``'s parameters and buffers at ``state`` (same order as _STATE), without copying."""
+    for (name, _, _), t in zip(_STATE, state):
+        owner = module
+        *path, leaf = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        (owner._parameters if leaf in owner._parameters else owner._buffers)[leaf] = t
+    return module
+
+
+def _inputs(tensors):
+    it = iter(tensors)
+    return [next(it) if spec[0] != "scalar" else spec[1] for spec in KERNELEVOLVE_EXPORT["shapes"][0]["inputs"]]
+
+
+@torch.library.custom_op("kernelevolve::{op}", mutates_args=())
+def {op}(tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
+    device = (tensors or state)[0].device
+    kernel = _kernels.get(device)
+    if kernel is None:
+        kernel = _kernels[device] = _import_source("kernel", _KERNEL_SOURCE).ModelNew(
+            *KERNELEVOLVE_EXPORT["init_inputs"]).to(device).eval()
+    with torch.no_grad():
+        outs = _bind(kernel, state)(*_inputs(tensors))
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    given = {{t.untyped_storage().data_ptr() for t in [*tensors, *state]}}
+    return [o.clone() if o.untyped_storage().data_ptr() in given else o for o in outs]
+
+
+@{op}.register_fake
+def _(tensors, state):
+    if not _meta:
+        with torch.device("meta"):
+            _meta.append(Model(*KERNELEVOLVE_EXPORT["init_inputs"]).eval())
+    outs = _bind(_meta[0], state)(*_inputs(tensors))
+    return [o.clone() for o in (outs if isinstance(outs, (tuple, list)) else [outs])]
+
+
+class ModelNew(Model):
+    """Drop-in for Model (same constructor, same state_dict): the approved kernel where it was verified and faster,
+    the reference everywhere else."""
+
+    def forward(self, *inputs):
+        state = _state(self)
+        if dispatches(inputs, state):
+            outs = torch.ops.kernelevolve.{op}([v for v in inputs if isinstance(v, torch.Tensor)], state)
+            return outs[0] if _SINGLE else tuple(outs)
+        return super().forward(*inputs)
+'''
+
+TEST = '''"""Checks {module}.py against the reference it embeds (generated with it by kernelevolve export)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_spec = importlib.util.spec_from_file_location("{module}", Path(__file__).with_name("{module}.py"))
+mod = importlib.util.module_from_spec(_spec)
+sys.modules["{module}"] = mod
+_spec.loader.exec_module(mod)
+DEVICE = mod.KERNELEVOLVE_EXPORT["device"]
+TOL = {{torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}}
+pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _pair():
+    torch.manual_seed(0)
+    ref = mod.Model(*mod.get_init_inputs()).to(DEVICE).eval()
+    new = mod.ModelNew(*mod.get_init_inputs()).to(DEVICE).eval()
+    new.load_state_dict(ref.state_dict())
+    return ref, new
+
+
+def _check(got, want):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert type(g) is torch.Tensor and g.shape == w.shape and g.dtype == w.dtype and g.device == w.device
+        atol, rtol = TOL.get(w.dtype, (0.0, 0.0))
+        torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_matches_the_reference(seed):
+    ref, new = _pair()
+    torch.manual_seed(seed)
+    inputs = [v.to(DEVICE) if isinstance(v, torch.Tensor) else v for v in mod.get_inputs()]
+    with torch.no_grad():
+        _check(new(*inputs), ref(*inputs))
+
+
+def test_the_kernel_runs_where_it_was_verified():
+    ref, new = _pair()
+    inputs = [v.to(DEVICE) if isinstance(v, torch.Tensor) else v for v in mod.get_inputs()]
+    with torch.no_grad():
+        expected = mod.dispatches(inputs, mod._state(new))
+    assert expected == (mod.APPROVED and any(s["verdict"] in mod.KERNELEVOLVE_EXPORT["dispatch"]
+                                             for s in mod.KERNELEVOLVE_EXPORT["shapes"][:1]))
+'''
+
+
+def _literal(text: str) -> str:
+    """A readable Python literal for a source file: a raw triple-quoted string where that is exact, else repr."""
+    quotes = "'" * 3
+    if quotes in text or text.endswith(("\\", "'")):
+        return repr(text)
+    return f"r{quotes}{text}{quotes}"
+
+
+def _provenance(export: dict[str, Any], problem: Problem, origin: str) -> str:
+    approved = export["approved"]
+    lines = [f"Problem: {problem.name} (sha256 {export['problem_sha'][:16]}), from {origin}",
+             f"Device: {export['device_name']} ({export['device']}"
+             + (f", capability {export['capability'][0]}.{export['capability'][1]})" if export["capability"] else ")"),
+             f"Versions: kernelevolve {export['versions'].get('kernelevolve')}, torch {export['versions'].get('torch')}, "
+             f"triton {export['versions'].get('triton')}; exported {export['created']}",
+             f"Kernel: node {export['node']} of run {export['run']} ({export['proposer']}: {export['label']}), "
+             f"source sha256 {export['candidate_sha'][:16]}",
+             f"Approved by {approved['by']} at {approved['at']}: {approved['note']}",
+             f"Dispatch: the kernel runs on the shapes marked {' or '.join(export['dispatch'])} below; everything "
+             "else runs the reference.", "", "Measured by the kernelevolve harness, against eager on each shape:"]
+    for row in export["shapes"]:
+        speed = f"{row['speedup']:.2f}x" if row.get("speedup") else "—"
+        inputs = ", ".join(f"{d}{s}" if s != "scalar" else repr(d) for s, d in row["inputs"]) if row.get("inputs") \
+            else "—"
+        lines.append(f"  {row['label']:<22} {row['verdict']:<8} {speed:>8}  {inputs}"[:200])
+    return "\n".join(lines)
+
+
+def op_name(problem: Problem, candidate_sha: str) -> str:
+    return re.sub(r"\W+", "_", f"{problem.name}_{candidate_sha[:12]}").strip("_").lower()
+
+
+def build_export(store: Store, run: str | int, candidate: int | None, out: Path, shapes: list[dict[str, Any]],
+                 approval: dict[str, Any], dispatch: tuple[str, ...] = ("wins",)) -> tuple[Path, Path]:
+    """Write the module and its test file; return their paths."""
+    from kernelevolve.optimize import versions
+
+    node = resolve(store, run, candidate)
+    run_row = node["run"]
+    problem = stored_problem(store, run_row, out.parent / f".{out.stem}-work")
+    origin = store.problem_source(run_row["problem_sha"])["path"]
+    module = import_module_from_path(problem.path, f"_ke_export_ref_{problem.short_sha}")
+    init = list(module.get_init_inputs())
+    model = build_model(module, "Model", 0)
+    state = [[n, list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in
+             [*model.named_parameters(), *model.named_buffers()]]
+    outputs = model(*make_inputs(module, 0))
+    device = run_row["device"]
+    capability = None
+    if device == "cuda" and torch.cuda.is_available():
+        capability = list(torch.cuda.get_device_capability(0))
+    sha = sha256(node["source"])
+    export = {"name": op_name(problem, sha), "problem_sha": problem.sha, "problem_name": problem.name,
+              "signature": _signature(problem.source), "device": device,
+              "device_name": run_row["device_key"].split(":", 1)[-1], "capability": capability,
+              "candidate_sha": sha, "run": run_row["id"], "node": node["id"], "proposer": node["proposer"],
+              "label": node["meta"].get("label"),
+              "approved": {"by": approval["approved_by"], "at": approval["created"], "note": approval["note"]},
+              "init_inputs": init, "state": state, "single_output": isinstance(outputs, torch.Tensor),
+              "shapes": shapes, "dispatch": list(dispatch),
+              "speedup": shapes[0].get("speedup") if shapes else None,
+              "versions": versions(), "created": dt.date.today().isoformat()}
+    try:
+        json.dumps(export)
+    except TypeError as e:
+        raise ExportError(f"the constructor arguments of {problem.name} cannot be written as plain data: {e}") from e
+    title = f"kernelevolve export: {problem.name} on {export['device_name']}."
+    text = MODULE.format(title=title, provenance=_provenance(export, problem, origin),
+                         export=pprint.pformat(export, width=116, sort_dicts=False), reference=_literal(problem.source),
+                         kernel=_literal(node["source"]), op=export["name"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    test = out.with_name(f"test_{out.stem}.py")
+    test.write_text(TEST.format(module=out.stem))
+    return out, test
+
+
+def stored_problem(store: Store, run: dict[str, Any], workdir: Path) -> Problem:
+    """The problem exactly as the run saw it, from the store (the file may have moved or changed since)."""
+    row = store.problem_source(run["problem_sha"])
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / f"{row['name']}.py"
+    path.write_text(row["source"])
+    return load_problem(path, "cpu")
+
+
+def _signature(source: str) -> str:
+    """The problem's signature for the registry (its Model class, independent of the class name)."""
+    try:
+        from kernelevolve.registry import problem_signature
+
+        return problem_signature(source)
+    except Exception:  # the registry is optional for a plain export
+        return ""
+
+
+__all__ = ["ExportError", "MODULE", "ShapeCase", "TEST", "TIE", "VERDICTS", "WIN", "approve", "build_export",
+           "check_approval", "leading_dim", "op_name", "resolve", "shape_cases", "shape_key", "sha256",
+           "stored_problem", "verify_shapes"]

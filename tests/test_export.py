@@ -1,0 +1,183 @@
+"""Approval and export: a standalone, shape-guarded custom-op module that passes its own test, falls back off-guard,
+imports without kernelevolve, compiles with torch.compile, and is refused without a valid approval."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernelevolve.candidate import Candidate  # noqa: E402
+from kernelevolve.cli import main  # noqa: E402
+from kernelevolve.evaluate.result import Result, Status  # noqa: E402
+from kernelevolve.export import ExportError, approve, build_export, check_approval, resolve, shape_cases  # noqa: E402
+from kernelevolve.problem import load_problem  # noqa: E402
+from kernelevolve.store import Store  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+PROBLEM = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, x, y):
+        return torch.relu(x * self.scale) + y
+
+
+def get_inputs():
+    return [torch.randn(64, 48), torch.randn(64, 48)]
+
+
+def get_init_inputs():
+    return [48]
+'''
+KERNEL = '''import torch
+import triton
+import triton.language as tl
+
+{problem}
+
+@triton.jit
+def _fused(x_ptr, s_ptr, y_ptr, out_ptr, n, dim, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    s = tl.load(s_ptr + offs % dim, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.maximum(x * s, 0.0) + y, mask=mask)
+
+
+class ModelNew(Model):
+    def forward(self, x, y):
+        x, y = x.contiguous(), y.contiguous()
+        out = torch.empty_like(x)
+        n = x.numel()
+        _fused[(triton.cdiv(n, 1024),)](x, self.scale, y, out, n, x.shape[-1], BLOCK=1024)
+        return out
+'''
+
+
+@pytest.fixture
+def setup(tmp_path):
+    path = tmp_path / "relu_scale_add.py"
+    path.write_text(PROBLEM)
+    problem = load_problem(path, "cpu")
+    store = Store(tmp_path / "ke.db")
+    run = store.create_run(problem, "cpu", "cpu:test", {}, {})
+    store.update_run(run, status="finished")
+    node, _ = store.add_node(run, problem.sha, "cpu:test",
+                             Candidate(KERNEL.format(problem=PROBLEM), proposer="template", meta={"label": "fused"}))
+    store.save_result(node, Result(Status.OK, "verified; untimed"))
+    yield store, run, node, tmp_path
+    store.close()
+
+
+def export(store, run, tmp_path, dispatch=("wins", "ties", "loses", "untimed")):
+    from kernelevolve.export import verify_shapes
+
+    node = resolve(store, run, None)
+    approval = check_approval(store, node)
+    problem = load_problem(tmp_path / "relu_scale_add.py", "cpu")
+    shapes = verify_shapes(problem, node["source"], "cpu", tmp_path / "work")
+    return build_export(store, run, None, tmp_path / "out" / "relu_fast.py", shapes, approval, dispatch)
+
+
+def load(path, name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_export_is_refused_without_approval_and_a_changed_source_voids_it(setup):
+    store, run, node, tmp_path = setup
+    with pytest.raises(ExportError, match="not approved"):
+        check_approval(store, resolve(store, run, None))
+    approve(store, run, None, "looked at the kernel", by="reviewer")
+    assert check_approval(store, resolve(store, run, None))["approved_by"] == "reviewer"
+    store.db.execute("UPDATE candidates SET source = source || '# edited\n'")  # the source changes after approval
+    store.db.commit()
+    with pytest.raises(ExportError, match="void"):
+        check_approval(store, resolve(store, run, None))
+    assert main(["export", "latest", "--db", str(store.path), "--out", str(tmp_path / "x.py")]) == 2
+
+
+def test_shapes_declared_and_derived(setup):
+    store, run, node, tmp_path = setup
+    cases = shape_cases(load_problem(tmp_path / "relu_scale_add.py", "cpu"), tmp_path / "shapes")
+    assert [c.label for c in cases] == ["declared", "half batch (32)", "double batch (128)", "odd batch (63)"]
+
+
+def test_exported_module_end_to_end(setup):
+    store, run, node, tmp_path = setup
+    approve(store, run, None, "reviewed", by="reviewer")
+    module_path, test_path = export(store, run, tmp_path)
+    text = module_path.read_text()
+    assert "Approved by reviewer" in text and "torch.library.custom_op" in text and "odd batch (63)" in text
+
+    # its own generated test passes
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", str(test_path), "-p", "no:cacheprovider"],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    mod = load(module_path, "relu_fast_export")
+    assert all(s["verdict"] == "untimed" for s in mod.KERNELEVOLVE_EXPORT["shapes"])
+    ref, new = mod.Model(48), mod.ModelNew(48)
+    new.load_state_dict(ref.state_dict())
+    assert list(new.state_dict()) == list(ref.state_dict())
+    x, y = torch.randn(64, 48), torch.randn(64, 48)
+    with torch.no_grad():
+        assert mod.dispatches([x, y], mod._state(new))
+        torch.testing.assert_close(new(x, y), ref(x, y))
+        # off the guard: another dtype, another shape; the reference runs and the result is right
+        for a, b in ((x.double(), y.double()), (torch.randn(7, 48), torch.randn(7, 48))):
+            ref_d = mod.Model(48).to(a.dtype)
+            new_d = mod.ModelNew(48).to(a.dtype)
+            new_d.load_state_dict(ref_d.state_dict())
+            assert not mod.dispatches([a, b], mod._state(new_d))
+            torch.testing.assert_close(new_d(a, b), ref_d(a, b))
+    # training falls back: the kernel has no backward
+    assert not mod.dispatches([x.requires_grad_(), y], mod._state(new))
+
+    # torch.compile traces through the op (its fake implementation gives the output's shape)
+    compiled = torch.compile(new, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x.detach(), y), ref(x.detach(), y))
+
+
+def test_exported_module_needs_no_kernelevolve_and_an_edited_kernel_is_never_run(setup):
+    store, run, node, tmp_path = setup
+    approve(store, run, None, "reviewed", by="reviewer")
+    module_path, _ = export(store, run, tmp_path)
+    script = (
+        "import sys, warnings, importlib.util, torch\n"
+        "sys.modules['kernelevolve'] = None  # any import of it fails\n"
+        f"spec = importlib.util.spec_from_file_location('m', {str(module_path)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "ref, new = m.Model(48), m.ModelNew(48); new.load_state_dict(ref.state_dict())\n"
+        "x, y = torch.randn(64, 48), torch.randn(64, 48)\n"
+        "with torch.no_grad():\n"
+        "    assert m.dispatches([x, y], m._state(new)) == m.APPROVED\n"
+        "    torch.testing.assert_close(new(x, y), ref(x, y))\n"
+        "print('approved' if m.APPROVED else 'void')\n")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH="")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "approved", proc.stdout + proc.stderr
+    module_path.write_text(module_path.read_text().replace("tl.maximum(x * s, 0.0) + y", "x * s + y"))
+    proc = subprocess.run([sys.executable, "-W", "always", "-c", script], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "void", proc.stdout + proc.stderr
+    assert "not the approved one" in proc.stderr
