@@ -6,7 +6,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
