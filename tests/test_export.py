@@ -106,6 +106,11 @@ def test_export_is_refused_without_approval_and_a_changed_source_voids_it(setup)
         check_approval(store, resolve(store, run, None))
     approve(store, run, None, "looked at the kernel", by="reviewer")
     assert check_approval(store, resolve(store, run, None))["approved_by"] == "reviewer"
+    from kernelevolve.optimize import report_view
+    from kernelevolve.report import render_report
+
+    html = render_report(report_view(store, run))
+    assert "Approvals" in html and "looked at the kernel" in html and "reviewer" in html
     store.db.execute("UPDATE candidates SET source = source || '# edited\n'")  # the source changes after approval
     store.db.commit()
     with pytest.raises(ExportError, match="void"):

@@ -172,6 +172,7 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
         "best": _best_view(best, why, baseline, problem["source"]),
         "nodes": nodes,
         "llm_usage": store.llm_usage(run["id"]),
+        "approvals": store.approvals(run["id"]),
     }
 
 

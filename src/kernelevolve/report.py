@@ -130,6 +130,15 @@ def _llm(usage: dict | None) -> str:
     return f"<h2>Model calls</h2>{_table(headers, rows, frozenset(range(1, 8)))}"
 
 
+def _approvals(rows: list[dict] | None) -> str:
+    """The audit trail: every approval of a node of this run, with the source hash it covers."""
+    if not rows:
+        return "<h2>Approvals</h2><p>None: export needs <code>kernelevolve approve</code> first.</p>"
+    table = [[_e(a["created"]), _e(a["approved_by"]), str(a["node_id"]), _e(a["candidate_sha"][:16]), _e(a["note"])]
+             for a in rows]
+    return f"<h2>Approvals</h2>{_table(['when', 'by', 'node', 'source sha256', 'note'], table)}"
+
+
 def _profile(prof: dict | None) -> str:
     if not prof:
         return f"<h2>Profile</h2><p>{NONE}</p>"
@@ -254,7 +263,8 @@ def render_report(view: dict) -> str:
     title = f"{problem.get('name') or 'problem'}: run {run.get('id')}"
     body = [_header(view), _summary(nodes), _baseline(view.get("baseline")), _llm(view.get("llm_usage")),
             _profile(view.get("profile")),
-            _chart(nodes, baseline.get("eager_ms")), _best(view.get("best")), _nodes(nodes),
+            _chart(nodes, baseline.get("eager_ms")), _best(view.get("best")), _approvals(view.get("approvals")),
+            _nodes(nodes),
             f"<h2>Problem source</h2>{_code(problem.get('source'))}"]
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
