@@ -185,3 +185,42 @@ def test_exported_module_needs_no_kernelevolve_and_an_edited_kernel_is_never_run
                           timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip() == "void", proc.stdout + proc.stderr
     assert "not the approved one" in proc.stderr
+
+
+def test_optimize_approve_export_register_patch(setup, monkeypatch):
+    """The path the README shows, from a stored run to a patched user model (the kernel body under another name)."""
+    store, run, node, tmp_path = setup
+    registry = tmp_path / "registry"
+    db, out = str(store.path), str(tmp_path / "kernels" / "relu_fast.py")
+    assert main(["approve", str(run), "--note", "reviewed", "--by", "reviewer", "--db", db]) == 0
+    assert main(["export", str(run), "--db", db, "--out", out, "--dispatch", "verified", "--register",
+                 str(registry)]) == 0
+
+    import kernelevolve
+
+    user_code = tmp_path / "user_layers.py"  # the user's own class name, in a real file (its source is read)
+    user_code.write_text(PROBLEM.replace("class Model(", "class ScaleReluAdd("))
+    namespace = vars(load(user_code, "user_layers"))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(48, 48)
+            self.block = namespace["ScaleReluAdd"](48)
+
+        def forward(self, x):
+            h = self.proj(x)
+            return self.block(h, x)
+
+    net = Net()
+    x = torch.randn(64, 48)
+    with torch.no_grad():
+        want = net(x)
+    keys = list(net.state_dict())
+    replaced = kernelevolve.patch(net, registry=registry, device="cpu")
+    assert replaced == ["block"]  # the Linear has no kernel, only the matching block is swapped
+    assert list(net.state_dict()) == keys
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), want)  # first call: checked against the original
+        torch.testing.assert_close(net(x), want)  # then the kernel alone
+    assert kernelevolve.load(namespace["ScaleReluAdd"], device="cpu", registry=registry) is not None

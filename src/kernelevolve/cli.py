@@ -273,6 +273,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     console.print(f"kernel dispatched on: {', '.join(on) if on else 'no shape (every call runs the reference)'}",
                   markup=False)
     console.print(f"module: {module}\ntest: {test}  (python -m pytest -q {test})", markup=False)
+    if args.register is not None:
+        from kernelevolve.registry import Registry, RegistryError
+
+        try:
+            registry = Registry(args.register or None)
+            console.print(f"registered: {registry.add(module)}", markup=False)
+        except RegistryError as e:
+            raise UsageError(str(e)) from e
     return EXIT_OK
 
 
@@ -437,6 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--dispatch", choices=["wins", "verified"], default="wins",
                    help="run the kernel only where it was faster (wins), or wherever it was verified")
     x.add_argument("--timeout", type=float, default=600.0, help="hard limit per shape, seconds")
+    x.add_argument("--register", nargs="?", const="", metavar="DIR",
+                   help="also add it to the registry (default: $KERNELEVOLVE_REGISTRY or ~/.kernelevolve/registry)")
     x.set_defaults(func=cmd_export)
 
     r = sub.add_parser("runs", help="list runs in the store")
