@@ -429,10 +429,9 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
     origin = store.problem_source(run_row["problem_sha"])["path"]
     module = import_module_from_path(problem.path, f"_ke_export_ref_{problem.short_sha}")
     init = list(module.get_init_inputs())
-    model = build_model(module, "Model", 0)
+    model, outputs = _trace_on_meta(module)
     state = [[n, list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in
              [*model.named_parameters(), *model.named_buffers()]]
-    outputs = model(*make_inputs(module, 0))
     device = run_row["device"]
     capability = None
     if device == "cuda" and torch.cuda.is_available():
@@ -461,6 +460,19 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
     test = out.with_name(f"test_{out.stem}.py")
     test.write_text(TEST.format(module=out.stem))
     return out, test
+
+
+def _trace_on_meta(module: Any) -> tuple[torch.nn.Module, Any]:
+    """The reference model and its output for the first input set, on the meta device where it can be (shapes and
+    dtypes only: a full-size reference costs nothing), else for real."""
+    try:
+        with torch.device("meta"), torch.no_grad():
+            model = module.Model(*module.get_init_inputs())
+            return model, model(*module.get_inputs())
+    except Exception:  # an op without a meta kernel, or .item() on an input
+        model = build_model(module, "Model", 0)
+        with torch.no_grad():
+            return model, model(*make_inputs(module, 0))
 
 
 def stored_problem(store: Store, run: dict[str, Any], workdir: Path) -> Problem:
