@@ -126,7 +126,8 @@ class PromptedProposer:
         self.store, self.run_id = store, run_id
 
     def answer(self, prompt: Prompt, index: int) -> Reply:
-        raise NotImplementedError
+        """The reply to one prompt; subclasses ask a model or a person. This base has nobody to ask."""
+        return Reply(None, "none", "no_model: this proposer has no model to answer its prompts")
 
     def done(self) -> bool:
         """True once this proposer will answer no more prompts."""
