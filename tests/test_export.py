@@ -179,3 +179,30 @@ def test_optimize_approve_export_register_patch(setup, monkeypatch):
         torch.testing.assert_close(net(x), want)  # first call: checked against the original
         torch.testing.assert_close(net(x), want)  # then the kernel alone
     assert kernelevolve.load(namespace["ScaleReluAdd"], device="cpu", registry=registry) is not None
+
+
+def test_inductor_candidate_exports_an_aotinductor_package(tmp_path):
+    """--aoti: the package beside the module runs the reference's computation with the caller's weights."""
+    from kernelevolve.propose.inductor import render
+
+    path = tmp_path / "relu_scale_add.py"
+    path.write_text(PROBLEM)
+    problem = load_problem(path, "cpu")
+    store = Store(tmp_path / "ke.db")
+    run = store.create_run(problem, "cpu", "cpu:test", {}, {})
+    node, _ = store.add_node(run, problem.sha, "cpu:test", Candidate(
+        render(PROBLEM, {}, "default"), proposer="inductor", meta={"label": "default", "options": {}}))
+    store.save_result(node, Result(Status.OK, "verified"))
+    out = tmp_path / "out" / "relu_aoti.py"
+    assert main(["export", str(run), "--db", str(store.path), "--out", str(out), "--auto-approve", "--aoti"]) == 0
+    assert out.with_suffix(".pt2").is_file()
+    mod = load(out, "relu_aoti_export")
+    assert mod.KERNELEVOLVE_EXPORT["aoti_package"] == "relu_aoti.pt2"
+    assert mod.KERNELEVOLVE_EXPORT["approved"]["note"] == "exported with --auto-approve"
+    model = mod.Model(48)
+    with torch.no_grad():
+        model.scale.mul_(-1.0)  # weights other than those it was compiled with
+        compiled = mod.load_aoti(model)
+        x, y = torch.randn(64, 48), torch.randn(64, 48)
+        torch.testing.assert_close(compiled(x, y), model(x, y))
+    store.close()

@@ -266,7 +266,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                    f"{'—' if row.get('speedup') is None else format(row['speedup'], '.2f') + 'x':>8}"
                                    f"  {row.get('reason', '')[:80]}", markup=False))
         dispatch = ("wins",) if args.dispatch == "wins" else ("wins", "ties", "loses", "untimed")
-        module, test = build_export(store, node["run"]["id"], node["id"], out, shapes, approval, dispatch)
+        module, test = build_export(store, node["run"]["id"], node["id"], out, shapes, approval, dispatch, args.aoti)
     except ExportError as e:
         raise UsageError(str(e)) from e
     on = [r["label"] for r in shapes if r["verdict"] in dispatch]
@@ -445,6 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--dispatch", choices=["wins", "verified"], default="wins",
                    help="run the kernel only where it was faster (wins), or wherever it was verified")
     x.add_argument("--timeout", type=float, default=600.0, help="hard limit per shape, seconds")
+    x.add_argument("--aoti", action="store_true",
+                   help="Inductor candidates: also write an AOTInductor package (FILE.pt2), loaded by load_aoti()")
     x.add_argument("--register", nargs="?", const="", metavar="DIR",
                    help="also add it to the registry (default: $KERNELEVOLVE_REGISTRY or ~/.kernelevolve/registry)")
     x.set_defaults(func=cmd_export)

@@ -159,7 +159,8 @@ def resolve(store: Store, run: str | int, candidate: int | None) -> dict[str, An
         if node is None:
             raise ExportError(f"run {run_row['id']} has no verified candidate to export")
     if node["result"] is None or not node["result"].ok:
-        raise ExportError(f"node {node['id']} is not verified ({node['result'].status.value if node['result'] else 'not evaluated'})")
+        state = node["result"].status.value if node["result"] else "not evaluated"
+        raise ExportError(f"node {node['id']} is not verified ({state})")
     return dict(node, run=run_row)
 
 
@@ -330,6 +331,20 @@ class ModelNew(Model):
             outs = torch.ops.kernelevolve.{op}([v for v in inputs if isinstance(v, torch.Tensor)], state)
             return outs[0] if _SINGLE else tuple(outs)
         return super().forward(*inputs)
+
+
+def load_aoti(model=None):
+    """The AOTInductor package written beside this file (``export --aoti``), ready to call with the input shapes of
+    the first verified shape, with ``model``'s weights (default: those it was compiled with). None without one."""
+    name = KERNELEVOLVE_EXPORT.get("aoti_package")
+    if not name or not APPROVED:
+        return None
+    compiled = torch._inductor.aoti_load_package(str(Path(__file__).with_name(name)))
+    if model is not None:
+        names = set(compiled.get_constant_fqns())
+        compiled.load_constants({{k: v for k, v in model.state_dict().items() if k in names}},
+                                check_full_update=True, user_managed=True)
+    return compiled
 '''
 
 TEST = '''"""Checks {module}.py against the reference it embeds (generated with it by kernelevolve export)."""
@@ -419,8 +434,10 @@ def op_name(problem: Problem, candidate_sha: str) -> str:
 
 
 def build_export(store: Store, run: str | int, candidate: int | None, out: Path, shapes: list[dict[str, Any]],
-                 approval: dict[str, Any], dispatch: tuple[str, ...] = ("wins",)) -> tuple[Path, Path]:
-    """Write the module and its test file; return their paths."""
+                 approval: dict[str, Any], dispatch: tuple[str, ...] = ("wins",),
+                 aoti: bool = False) -> tuple[Path, Path]:
+    """Write the module and its test file (and, with ``aoti``, an AOTInductor package beside them); return the
+    module's and the test's paths."""
     from kernelevolve.optimize import versions
 
     node = resolve(store, run, candidate)
@@ -446,7 +463,10 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
               "init_inputs": init, "state": state, "single_output": isinstance(outputs, torch.Tensor),
               "shapes": shapes, "dispatch": list(dispatch),
               "speedup": shapes[0].get("speedup") if shapes else None,
-              "versions": versions(), "created": dt.date.today().isoformat()}
+              "versions": versions(), "created": dt.date.today().isoformat(), "aoti_package": None}
+    if aoti:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        export["aoti_package"] = build_aoti(problem, node, device, out.with_suffix(".pt2")).name
     try:
         json.dumps(export)
     except TypeError as e:
@@ -484,6 +504,22 @@ def stored_problem(store: Store, run: dict[str, Any], workdir: Path) -> Problem:
     return load_problem(path, "cpu")
 
 
+def build_aoti(problem: Problem, node: dict[str, Any], device: str, path: Path) -> Path:
+    """An AOTInductor package of the reference, compiled with an Inductor candidate's options, for its first input
+    shapes (weights can be swapped in at load time)."""
+    import torch._inductor
+
+    if node["proposer"] != "inductor":
+        raise ExportError(f"--aoti is for Inductor candidates; node {node['id']} comes from {node['proposer']}")
+    module = import_module_from_path(problem.path, f"_ke_aoti_{problem.short_sha}")
+    model = build_model(module, "Model", 0).to(device).eval()
+    inputs = tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in make_inputs(module, 0))
+    options = {k: v for k, v in (node["meta"].get("options") or {}).items() if k != "triton.cudagraphs"}
+    with torch.no_grad():
+        program = torch.export.export(model, inputs)
+    return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options))
+
+
 def _signature(source: str) -> str:
     """The problem's signature for the registry (its Model class, independent of the class name)."""
     try:
@@ -494,6 +530,6 @@ def _signature(source: str) -> str:
         return ""
 
 
-__all__ = ["ExportError", "MODULE", "ShapeCase", "TEST", "TIE", "VERDICTS", "WIN", "approve", "build_export",
-           "check_approval", "leading_dim", "op_name", "resolve", "shape_cases", "shape_key", "sha256",
+__all__ = ["ExportError", "MODULE", "ShapeCase", "TEST", "TIE", "VERDICTS", "WIN", "approve", "build_aoti",
+           "build_export", "check_approval", "leading_dim", "op_name", "resolve", "shape_cases", "shape_key", "sha256",
            "stored_problem", "verify_shapes"]

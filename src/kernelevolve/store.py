@@ -47,8 +47,9 @@ CREATE TABLE IF NOT EXISTS approvals (
     id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), node_id INTEGER NOT NULL REFERENCES nodes(id),
     candidate_sha TEXT NOT NULL, approved_by TEXT NOT NULL, note TEXT NOT NULL, created TEXT NOT NULL);
 """
-# llm_calls.status: "candidate" (the reply became a candidate, whose node meta names the call), "no_code" (the reply held no usable file; detail
-# says why) or "error" (the call failed: detail is the error kind and message). No prompt or key is stored.
+# llm_calls.status: "candidate" (the reply became a candidate, whose node meta names the call), "no_code" (the reply
+# held no usable file; detail says why) or "error" (the call failed: detail is the error kind and message). No prompt
+# or key is stored.
 
 
 class StoreError(Exception):
