@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -125,15 +124,10 @@ def run_pair(stem: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return row
 
 
-def geomean(values: list[float]) -> float | None:
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
-
-
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     done = [r for r in rows if "error" not in r]
     return {"pairs": len(rows), "measured": len(done), "reached": sum(r.get("n_warm") is not None for r in done),
-            "geomean_ratio": geomean([r["ratio"] for r in done if r.get("ratio")]),
+            "geomean_ratio": suite.geomean([r["ratio"] for r in done if r.get("ratio")]),
             "cold_evals_to_best": sum(r["n_cold"] or 0 for r in done),
             "warm_evals_to_reach": sum(r["n_warm"] or 0 for r in done if r.get("n_warm") is not None)}
 

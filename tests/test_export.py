@@ -20,17 +20,23 @@ from tests.export_cases import KERNEL, PROBLEM  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-@pytest.fixture
-def setup(tmp_path):
+def stored_run(tmp_path, candidate: Candidate):
+    """A store holding one finished run of the PROBLEM whose only node is ``candidate``, verified."""
     path = tmp_path / "relu_scale_add.py"
     path.write_text(PROBLEM)
     problem = load_problem(path, "cpu")
     store = Store(tmp_path / "ke.db")
     run = store.create_run(problem, "cpu", "cpu:test", {}, {})
     store.update_run(run, status="finished")
-    node, _ = store.add_node(run, problem.sha, "cpu:test",
-                             Candidate(KERNEL.format(problem=PROBLEM), proposer="template", meta={"label": "fused"}))
-    store.save_result(node, Result(Status.OK, "verified; untimed"))
+    node, _ = store.add_node(run, problem.sha, "cpu:test", candidate)
+    store.save_result(node, Result(Status.OK, "verified"))
+    return store, run, node
+
+
+@pytest.fixture
+def setup(tmp_path):
+    store, run, node = stored_run(tmp_path, Candidate(KERNEL.format(problem=PROBLEM), proposer="template",
+                                                      meta={"label": "fused"}))
     yield store, run, node, tmp_path
     store.close()
 
@@ -185,14 +191,8 @@ def test_inductor_candidate_exports_an_aotinductor_package(tmp_path):
     """--aoti: the package beside the module runs the reference's computation with the caller's weights."""
     from kernelevolve.propose.inductor import render
 
-    path = tmp_path / "relu_scale_add.py"
-    path.write_text(PROBLEM)
-    problem = load_problem(path, "cpu")
-    store = Store(tmp_path / "ke.db")
-    run = store.create_run(problem, "cpu", "cpu:test", {}, {})
-    node, _ = store.add_node(run, problem.sha, "cpu:test", Candidate(
-        render(PROBLEM, {}, "default"), proposer="inductor", meta={"label": "default", "options": {}}))
-    store.save_result(node, Result(Status.OK, "verified"))
+    store, run, _ = stored_run(tmp_path, Candidate(render(PROBLEM, {}, "default"), proposer="inductor",
+                                                   meta={"label": "default", "options": {}}))
     out = tmp_path / "out" / "relu_aoti.py"
     assert main(["export", str(run), "--db", str(store.path), "--out", str(out), "--auto-approve", "--aoti"]) == 0
     assert out.with_suffix(".pt2").is_file()
