@@ -82,6 +82,18 @@ def evaluations_to(nodes: list[dict[str, Any]], within_ms: float) -> int | None:
     return None
 
 
+def trace(nodes: list[dict[str, Any]]) -> list[list[Any]]:
+    """[label, ms or status] of each of a run's own evaluations, in order: to see which candidate reached what."""
+    out: list[list[Any]] = []
+    for node in nodes:
+        if node["cached"]:
+            continue
+        r = node["result"]
+        ms = r.runtime_ms if r is not None and r.ok and r.timed else None
+        out.append([node["meta"].get("label"), round(ms, 5) if ms is not None else (str(r.status.value) if r else None)])
+    return out
+
+
 def run_pair(stem: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from kernelevolve.optimize import OptimizeConfig, optimize
     from kernelevolve.search import best_node
@@ -101,7 +113,8 @@ def run_pair(stem: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             return row
         t_best = best["result"].runtime_ms
         row.update(cold_ms=t_best, cold_evals=cold.search.evaluations,
-                   n_cold=evaluations_to(cold_store.nodes(cold.run_id), t_best), cold_best=best["meta"].get("label"))
+                   n_cold=evaluations_to(cold_store.nodes(cold.run_id), t_best), cold_best=best["meta"].get("label"),
+                   cold_trace=trace(cold_store.nodes(cold.run_id)))
         source_run = optimize(similar, cfg, warm_store, work / "similar")
         row["source_evals"] = source_run.search.evaluations
         warm = optimize(target, cfg, warm_store, work / "warm")
@@ -109,7 +122,7 @@ def run_pair(stem: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         wbest, _ = best_node(nodes)
         row.update(warm_ms=wbest["result"].runtime_ms if wbest and wbest["result"].timed else None,
                    warm_evals=warm.search.evaluations, n_warm=evaluations_to(nodes, t_best * (1 + args.tol)),
-                   warm_best=wbest["meta"].get("label") if wbest else None)
+                   warm_best=wbest["meta"].get("label") if wbest else None, warm_trace=trace(nodes))
         row["ratio"] = row["n_cold"] / row["n_warm"] if row["n_cold"] and row["n_warm"] else None
         if row["n_warm"] is None:
             row["note"] = f"the warm run never came within {100 * args.tol:.0f}% of the cold best"

@@ -25,9 +25,10 @@ def _load():
 exp = _load()
 
 
-def node(ms, cached=False, status=Status.OK):
+def node(ms, cached=False, status=Status.OK, label="x"):
     timing = Timing.from_samples([ms], "cuda_event") if ms is not None else None
-    return {"cached": cached, "result": Result(status, "r", timing=timing, timed=ms is not None)}
+    return {"cached": cached, "result": Result(status, "r", timing=timing, timed=ms is not None),
+            "meta": {"label": label}}
 
 
 def test_scaled_source_scales_only_the_named_constants():
@@ -50,6 +51,12 @@ def test_evaluations_to_counts_own_evaluations_only():
     assert exp.evaluations_to(nodes, 2.0) == 3
     assert exp.evaluations_to(nodes, 5.0) == 0  # the reused known kernel already reaches it
     assert exp.evaluations_to(nodes, 1.0) is None
+
+
+def test_trace_lists_own_evaluations_in_order_with_time_or_status():
+    nodes = [node(5.0, cached=True, label="known"), node(None, status=Status.INCORRECT, label="bad"),
+             node(3.0, label="defaults")]
+    assert exp.trace(nodes) == [["bad", "incorrect"], ["defaults", 3.0]]
 
 
 def test_summary_ratio():
