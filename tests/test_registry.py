@@ -1,4 +1,5 @@
 """Registry and runtime: class signatures, add/best/remove, load() and patch() with its first-call check."""
+import importlib.util
 import json
 import warnings
 
@@ -116,6 +117,15 @@ def test_signature_ignores_name_docstrings_comments_and_layout(tmp_path):
     assert class_signature(Other) != SIG
     assert problem_signature(PROBLEM_SRC.replace("torch.full", "torch.ones").replace(", 0.5)", ")")) != SIG
     assert class_signature(load_export(write_export(tmp_path)).Model) == SIG
+
+
+def test_signature_of_a_class_whose_module_is_not_in_sys_modules(tmp_path):
+    path = tmp_path / "loose.py"
+    path.write_text(PROBLEM_SRC)
+    spec = importlib.util.spec_from_file_location("loose_problem_not_registered", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # not entered in sys.modules, so inspect.getsource(Model) fails
+    assert class_signature(module.Model) == SIG
 
 
 def test_signature_errors():

@@ -50,8 +50,11 @@ def class_signature(cls: type) -> str:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError) as e:
-        raise RegistryError(f"no source for class {cls.__qualname__} (defined interactively or in compiled code?): "
-                            f"{e}") from e
+        node = _class_from_methods(cls)  # a module loaded from a path but not entered in sys.modules
+        if node is None:
+            raise RegistryError(f"no source for class {cls.__qualname__} (defined interactively or in compiled "
+                                f"code?): {e}") from e
+        return _signature(node)
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
@@ -60,6 +63,24 @@ def class_signature(cls: type) -> str:
     if node is None:
         raise RegistryError(f"no class statement in the source of {cls.__qualname__}")
     return _signature(node)
+
+
+def _class_from_methods(cls: type) -> ast.ClassDef | None:
+    """The class statement of ``cls`` found through the file and line of one of its own methods, or None."""
+    for value in vars(cls).values():
+        code = getattr(value, "__code__", None)
+        if code is None:
+            continue
+        try:
+            tree = ast.parse(Path(code.co_filename).read_text())
+        except (OSError, SyntaxError, ValueError):
+            return None
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == cls.__name__ \
+                    and node.lineno <= code.co_firstlineno <= (node.end_lineno or node.lineno):
+                return node
+        return None
+    return None
 
 
 def problem_signature(problem_source: str) -> str:
