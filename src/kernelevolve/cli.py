@@ -51,7 +51,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     cfg = OptimizeConfig(device=_device(args), proposers=tuple(p for p in args.proposer.split(",") if p),
                          max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
                          stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
-                         timing_budget_ms=args.timing_budget_ms, proposer_options=_proposer_options(args))
+                         timing_budget_ms=args.timing_budget_ms, proposer_options=_proposer_options(args),
+                         executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries)
+    if cfg.executor == "ray" and not cfg.ray_address:
+        raise UsageError("--executor ray needs --ray-address ADDR (host:port of the cluster's head, or 'auto')")
     from kernelevolve.propose import make_proposers
 
     make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)  # fail on a bad name before any work
@@ -372,7 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--time-budget", type=float, help="seconds of search")
     o.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")
     o.add_argument("--stall", type=int, default=10, help="stop after this many evaluations without a new best (0: never)")
-    o.add_argument("--workers", type=int, help="parallel evaluations (default: one per GPU, 1 on CPU)")
+    o.add_argument("--workers", type=int, help="parallel evaluations (default: one per GPU, 1 on CPU; with Ray: the "
+                                                "cluster's GPUs, or its CPUs with --device cpu)")
+    o.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="where evaluations run: worker processes here, or Ray tasks on a cluster")
+    o.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (host:port, ray://host:port or 'auto')")
+    o.add_argument("--ray-retries", type=int, default=2, help="retries of an evaluation lost with its Ray worker or node")
     o.add_argument("--db", default=DEFAULT_DB)
     o.add_argument("--out", default="kernelevolve-out")
     o.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import platform
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -11,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 import kernelevolve
-from kernelevolve.engine.local import LocalPool, default_workers
+from kernelevolve.engine import make_pool
 from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, TimingConfig
 from kernelevolve.problem import Problem, ProblemError, load_problem
 from kernelevolve.propose import make_proposers
@@ -37,6 +38,9 @@ class OptimizeConfig:
     timing_budget_ms: float = 1000.0
     profile: bool = True
     proposer_options: dict[str, Any] = field(default_factory=dict)  # see make_proposers; never holds a key
+    executor: str = "local"  # "local" (engine/local.py) or "ray" (engine/ray.py)
+    ray_address: str | None = None
+    ray_retries: int = 2
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,13 +102,27 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
                                              f"!= {run['problem_sha'][:12]}); start a new run")
         run_id = run["id"]
         store.update_run(run_id, status="running")
+        pool = make_pool(make_evaluator(problem, cfg, out_dir / ".work" / f"run{run_id}"), cfg.workers, cfg.executor,
+                         cfg.ray_address, cfg.ray_retries)
     else:
         problem = load_problem(problem_path, cfg.device)
         make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)  # fails before a run is recorded
-        run_id = store.create_run(problem, cfg.device, device_key(cfg.device), cfg.to_dict(), versions())
+        (out_dir / ".work").mkdir(parents=True, exist_ok=True)
+        pool = make_pool(make_evaluator(problem, cfg, tempfile.mkdtemp(prefix="run-", dir=out_dir / ".work")),
+                         cfg.workers, cfg.executor, cfg.ray_address, cfg.ray_retries)
+        run_id = store.create_run(problem, cfg.device, pool.device_key(), cfg.to_dict(), versions())
         run = store.run(run_id)
+    try:
+        return _optimize(problem, cfg, store, out_dir, run, pool, on_result, on_stage)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path, run: dict[str, Any], pool: Any,
+              on_result: Callable[[dict[str, Any], Result], None] | None,
+              on_stage: Callable[[str], None]) -> RunOutcome:
+    run_id = run["id"]
     proposers = make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)
-    evaluator = make_evaluator(problem, cfg, out_dir / ".work" / f"run{run_id}")
     profile = run.get("profile")
     if profile is None and cfg.profile:
         on_stage("profiling the reference")
@@ -114,9 +132,8 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
     baseline = Baseline.from_json(_json(run["baseline"])) if run.get("baseline") else None
     if baseline is None:
         on_stage("timing the reference: eager and torch.compile")
-        baseline = evaluator.baseline()
+        baseline = pool.baseline()
         store.update_run(run_id, baseline=baseline.to_json())
-    pool = LocalPool(evaluator, cfg.workers or default_workers(cfg.device))
     on_stage("searching")
     try:
         outcome = run_search(store, run_id, problem, cfg.device, run["device_key"], pool,

@@ -5,7 +5,7 @@ import queue
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate import Evaluator, Result
+from kernelevolve.evaluate import Baseline, Evaluator, Result
 
 
 def default_workers(device: str) -> int:
@@ -26,6 +26,14 @@ class LocalPool:
         for i in range(workers):
             self._slots.put(i if evaluator.config.device == "cuda" else None)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kernelevolve-eval")
+
+    def baseline(self, compiled: bool = True) -> Baseline:
+        return self.evaluator.baseline(compiled=compiled)
+
+    def device_key(self) -> str:
+        from kernelevolve.optimize import device_key
+
+        return device_key(self.evaluator.config.device)
 
     def submit(self, candidate: Candidate) -> Future[Result]:
         return self._pool.submit(self._run, candidate)
