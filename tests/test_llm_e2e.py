@@ -82,7 +82,10 @@ def test_optimize_with_a_local_server(tmp_path: Path, provider: str) -> None:
     for needle in ("class Model", "input 0: float32 [256, 512]", "roofline floor", "Facts about the target",
                    "caching by pointer"):
         assert needle in first, needle
-    repair = prompts[2]
+    # Proposals are pipelined: the second prompt (sent twice, around the 429) is built while the first kernel is
+    # being evaluated, so it cannot know the failure yet; the third comes once the first result is in.
+    assert prompts[1] == prompts[2] and "relu is not gelu" not in prompts[2]
+    repair = prompts[3]
     assert "relu is not gelu" in repair and "`incorrect`" in repair and "elements outside" in repair
 
     # the replies were judged: wrong, verified, cheat rejected; best.py is the repaired kernel
@@ -91,8 +94,8 @@ def test_optimize_with_a_local_server(tmp_path: Path, provider: str) -> None:
                        "JOIN results r ON r.candidate_id = n.candidate_id ORDER BY n.id").fetchall()
     assert [r[1] for r in rows] == ["incorrect", "ok", "incorrect"] or [r[1] for r in rows] == [
         "incorrect", "ok", "rejected"], rows
-    assert [r[2] for r in rows][:2] == ["scratch", "repair"]  # the third improves, or explores from scratch
-    best = (out / "best.py").read_text()  # the repaired kernel, or the reference when it did not beat eager here
+    assert [r[2] for r in rows] == ["scratch", "scratch", "repair"]
+    best = (out / "best.py").read_text()  # the good kernel, or the reference when it did not beat eager here
     assert "torch.addcmul" in best or "no candidate of this run beat eager" in best
     said = " ".join(proc.stdout.split())  # the console wraps long lines
     assert "model calls: 3 (3 candidates, 0 without code, 0 failed)" in said

@@ -284,3 +284,72 @@ def test_resumed_run_is_not_seeded_again(store, problem):
     store.add_node(run_id, problem.sha, KEY, Candidate(src("p", 5.0), proposer="fake"))
     search(store, run_id, problem, FakeProposer([]), max_evals=10)
     assert [n["source"] for n in store.nodes(run_id)] == [src("p", 5.0)]
+
+
+class GatedPool(FakePool):
+    """Each evaluation runs on a thread and finishes once a proposal has started (or after ``patience`` s); it
+    records whether one did, so a test sees whether proposing overlapped evaluating."""
+
+    def __init__(self, proposing, patience: float = 1.0):
+        super().__init__()
+        self.proposing, self.patience = proposing, patience
+        self.overlapped: list[bool] = []
+
+    def submit(self, candidate):
+        import threading
+
+        self.submitted.append(candidate.source)
+        self.proposing.clear()  # only a proposal started after this submission counts
+        fut: Future[Result] = Future()
+
+        def run():
+            self.overlapped.append(self.proposing.wait(self.patience))
+            fut.set_result(fake_result(candidate.source))
+
+        threading.Thread(target=run, daemon=True).start()
+        return fut
+
+
+class SignallingProposer(FakeProposer):
+    def __init__(self, sources, started):
+        super().__init__(sources)
+        self.started = started
+
+    def propose(self, ctx, n):
+        self.started.set()
+        return super().propose(ctx, n)
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_proposals_overlap_evaluations_only_when_pipelined(store, problem, pipeline):
+    import threading
+
+    started = threading.Event()
+    pool = GatedPool(started)
+    proposer = SignallingProposer([src(f"c{i}", 5.0 - i) for i in range(3)], started)
+    out = search(store, new_run(store, problem), problem, proposer, pool, max_evals=3, pipeline=pipeline)
+    assert out.evaluations == 3
+    # the first two evaluations had a next batch to ask for; the third ran into --max-evals
+    assert pool.overlapped[:2] == [pipeline, pipeline]
+
+
+class AfterResultsProposer(FakeProposer):
+    """Offers a second candidate only once the first one's result is in the tree (as tuning around a best does)."""
+
+    def propose(self, ctx, n):
+        self.calls.append((len(ctx.history), [p["id"] for p in ctx.parents]))
+        if not ctx.history:
+            return [Candidate(src("first", 5.0), proposer=self.name)]
+        if any(h["result"] is not None for h in ctx.history) and len(ctx.history) == 1:
+            return [Candidate(src("second", 4.0), proposer=self.name, parent=ctx.history[0]["id"])]
+        return []
+
+
+def test_an_early_empty_proposal_does_not_end_the_search(store, problem):
+    import threading
+
+    started = threading.Event()
+    pool = GatedPool(started, patience=0.2)
+    out = search(store, new_run(store, problem), problem, AfterResultsProposer([]), pool, max_evals=5)
+    assert pool.submitted == [src("first", 5.0), src("second", 4.0)]
+    assert out.evaluations == 2 and out.stop_reason == "the proposers have nothing left to try"

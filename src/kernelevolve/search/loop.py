@@ -1,16 +1,19 @@
-"""The closed loop: ask proposers for candidates, evaluate them in parallel, store every result at once, select, repeat."""
+"""The closed loop: ask proposers for candidates, evaluate them in parallel, store every result at once, select, repeat.
+
+Proposal and evaluation are pipelined: proposers run on their own thread, and the next batch is asked for as soon as
+the queue runs dry while evaluations are still in flight, so a slow proposer (a language model) and the workers
+overlap instead of taking turns."""
 from __future__ import annotations
 
 import logging
 import math
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.engine.local import LocalPool
 from kernelevolve.evaluate.result import Baseline, Result
 from kernelevolve.problem import Problem
 from kernelevolve.propose.base import ProposalContext, Proposer
@@ -44,6 +47,7 @@ class SearchConfig:
     time_budget_s: float | None = None
     target_speedup: float | None = None  # against eager
     stall: int | None = 10  # evaluations without a new best
+    pipeline: bool = True  # ask for the next batch while every worker is busy, rather than when one is free
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,21 @@ OnResult = Callable[[dict[str, Any], Result], None]
 
 
 class _Loop:
-    def __init__(self, store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: LocalPool,
+    def __init__(self, store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: Any,
                  proposers: list[Proposer], selector: Selector, cfg: SearchConfig, baseline: Baseline | None,
                  profile: dict[str, Any] | None, on_result: OnResult | None):
         self.store, self.run_id, self.problem, self.device, self.device_key = store, run_id, problem, device, device_key
         self.pool, self.proposers, self.selector, self.cfg = pool, proposers, selector, cfg
         self.baseline, self.profile, self.on_result = baseline, profile, on_result
         self.history = store.nodes(run_id)
-        for proposer in proposers:  # proposers that record their own calls (language models) learn where
-            if hasattr(proposer, "bind"):
-                proposer.bind(store, run_id)
+        # Proposers run on one thread of their own; those that record their calls (language models) write through
+        # a connection opened on that thread (a sqlite3 connection belongs to the thread that made it).
+        self.proposal_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelevolve-propose")
+        self.proposing: Future[list[Candidate]] | None = None
+        self.proposal_store: Store | None = None
+        self.recorded = 0  # results taken into the tree so far (evaluated or reused)
+        self.asked_at: tuple[int, bool] = (0, False)  # (recorded, whether evaluations were in flight) at the ask
+        self.empty_at: int | None = None  # recorded when an ask made before some results came back empty
         self.experience = {p.name: rank_experience(store.experience(
             device_key, None if getattr(p, "examples_from_any", False) else p.name, exclude_run=run_id), profile)
             for p in proposers}
@@ -103,23 +112,53 @@ class _Loop:
             return 0.0
         return self.baseline.eager.median_ms / self.best_ms
 
-    def refill(self) -> None:
-        parents = self.selector.select(self.history, 1)
-        per = max(1, math.ceil(self.pool.workers / len(self.proposers)))
-        got = 0
-        for proposer in self.proposers:
-            ctx = ProposalContext(self.problem, self.device, self.profile, self.history, parents,
-                                  self.experience.get(proposer.name, []))
-            cands = proposer.propose(ctx, per * getattr(proposer, "weight", 1))
-            got += len(cands)
-            self.queue.extend(cands)
-        self.exhausted = got == 0
+    def ask(self) -> None:
+        """Start the next proposal on the proposal thread, from a snapshot of the tree as it stands. After an ask
+        made while evaluations were in flight came back empty, the next waits for a new result: proposers that
+        build on results (tuning around the best) may have more to offer once those are in."""
+        if self.proposing is None and not self.exhausted and self.empty_at != self.recorded:
+            self.asked_at = (self.recorded, bool(self.in_flight))
+            self.proposing = self.proposal_thread.submit(self.propose, list(self.history))
 
-    def submit_next(self) -> bool:
+    def propose(self, history: list[dict[str, Any]]) -> list[Candidate]:
+        if self.proposal_store is None and any(hasattr(p, "bind") for p in self.proposers):
+            self.proposal_store = Store(self.store.path)
+            for proposer in self.proposers:
+                if hasattr(proposer, "bind"):
+                    proposer.bind(self.proposal_store, self.run_id)
+        parents = self.selector.select(history, 1)
+        per = max(1, math.ceil(self.pool.workers / len(self.proposers)))
+        out: list[Candidate] = []
+        for proposer in self.proposers:
+            ctx = ProposalContext(self.problem, self.device, self.profile, history, parents,
+                                  self.experience.get(proposer.name, []))
+            out.extend(proposer.propose(ctx, per * getattr(proposer, "weight", 1)))
+        return out
+
+    def take_proposal(self) -> None:
+        """Queue the finished proposal's candidates (a proposer's exception ends the search, as it would inline)."""
+        fut, self.proposing = self.proposing, None
+        cands = fut.result()
+        recorded, partial = self.asked_at
+        if cands:
+            self.empty_at = None
+        elif partial:
+            self.empty_at = recorded  # asked before some results were in: ask again after the next one
+        else:
+            self.exhausted = True
+        self.queue.extend(cands)
+
+    def submit_next(self) -> bool | None:
+        """Submit one candidate: True when one was taken from the queue, None while a proposal is still being made,
+        False when the proposers are done."""
         if not self.queue:
-            self.refill()
+            if self.proposing is not None and self.proposing.done():
+                self.take_proposal()
             if not self.queue:
-                return False
+                if self.exhausted:
+                    return False
+                self.ask()
+                return None
         cand = self.queue.popleft()
         if any(n["sha"] == cand.sha for n in self.history):
             self.repeats += 1  # this run already holds that source
@@ -136,6 +175,7 @@ class _Loop:
         return True
 
     def _record(self, node: dict[str, Any], result: Result, save: bool = True) -> None:
+        self.recorded += 1
         result = result.flag_suspect(self.floor_ms)
         if save:
             self.store.save_result(node["id"], result)
@@ -171,26 +211,61 @@ class _Loop:
                 self.in_flight[self.pool.submit(cand)] = node
 
     def run(self) -> SearchOutcome:
+        try:
+            return self._run()
+        finally:
+            if self.proposing is not None:
+                self.proposing.cancel()  # a proposal already running ends on its own; its candidates are dropped
+            self.proposal_thread.submit(self._close_proposal_store)  # on the thread that owns the connection
+            self.proposal_thread.shutdown(wait=False)
+
+    def harvest(self) -> int:
+        """Record the evaluations that have already finished, without waiting; how many there were."""
+        done = [fut for fut in self.in_flight if fut.done()]
+        for fut in done:
+            self._record(self.in_flight.pop(fut), fut.result().with_baseline(self.baseline))
+        return len(done)
+
+    def _close_proposal_store(self) -> None:
+        if self.proposal_store is not None:
+            self.proposal_store.close()
+
+    def _run(self) -> SearchOutcome:
         if not self.history:
             self.seed_known()
         self.resume_pending()
         reason = None
         while True:
+            waiting = False
             while reason is None and len(self.in_flight) < self.pool.workers:
                 reason = self.stop_reason()
-                if reason is None and not self.submit_next():
-                    reason = self.stop_reason() or "the proposers have nothing left to try"
-            if not self.in_flight:
+                if reason is None:
+                    submitted = self.submit_next()
+                    if submitted is None:
+                        waiting = True
+                        break
+                    if not submitted:
+                        reason = self.stop_reason() or "the proposers have nothing left to try"
+            if reason is None and not waiting and self.harvest():
+                continue  # results already in: take them before proposing from the tree
+            if reason is None and self.cfg.pipeline and not self.queue and self.in_flight \
+                    and self.stop_reason() is None:
+                self.ask()  # every worker is busy and nothing is queued: propose while they run
+            pending = list(self.in_flight) + ([self.proposing] if self.proposing and (waiting or not reason) else [])
+            if not self.in_flight and (reason is not None or not pending):
                 break
-            done, _ = wait(list(self.in_flight), return_when=FIRST_COMPLETED)
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
+                if fut is self.proposing:
+                    self.take_proposal()
+                    continue
                 node = self.in_flight.pop(fut)
                 self._record(node, fut.result().with_baseline(self.baseline))
         best, why = best_node(self.history)
         return SearchOutcome(reason or "stopped", self.evaluated, best, why)
 
 
-def run_search(store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: LocalPool,
+def run_search(store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: Any,
                proposers: list[Proposer], selector: Selector, cfg: SearchConfig, baseline: Baseline | None,
                profile: dict[str, Any] | None = None, on_result: OnResult | None = None) -> SearchOutcome:
     """Search until a stop condition holds. Every result is committed as it arrives, so a killed run resumes."""
