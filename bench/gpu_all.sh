@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root: any of the GPU test suite, the experience benchmark and the benchmark suite,
 # each writing its logs and JSON under $OUT and printing a short summary last.
-# Usage: OUT=dir STEPS="tests experience suite" BUDGET=40 PAIRS="softmax_bf16 ..." PROBLEMS="..." bash bench/gpu_all.sh
+# Usage: OUT=dir STEPS="tests experience suite throughput" BUDGET=40 PAIRS="softmax_bf16 ..." PROBLEMS="..." \
+#        EVALS=16 TESTS="tests/gpu" bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 OUT="${OUT:-bench/results/gpu}"
@@ -12,7 +13,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in ${STEPS:-tests experience}; do
   case "$step" in
     tests)
-      python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -m gpu ${TESTS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     experience)
       # shellcheck disable=SC2086
       python3 bench/experience.py --device cuda --gpus "$GPUS" --budget-s "${BUDGET:-40}" --out-dir "$OUT/experience" \
@@ -21,8 +23,13 @@ for step in ${STEPS:-tests experience}; do
       # shellcheck disable=SC2086
       python3 bench/suite.py --device cuda --gpus "$GPUS" --budget-s "${BUDGET:-40}" --out-dir "$OUT/suite" \
         --json "$OUT/suite.json" ${PROBLEMS:+--problems $PROBLEMS} 2>&1 | tee "$OUT/suite.log" | tail -40 ;;
-    *) echo "unknown step $step (tests, experience, suite)"; exit 2 ;;
+    throughput)
+      # shellcheck disable=SC2086
+      python3 bench/throughput.py --device cuda --workers 1 "$GPUS" --problems ${PROBLEMS:-softmax_bf16} \
+        --proposer "${PROPOSER:-template}" --evals "${EVALS:-16}" --out-dir "$OUT/throughput" \
+        --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log" | tail -12 ;;
+    *) echo "unknown step $step (tests, experience, suite, throughput)"; exit 2 ;;
   esac
 done
-rm -rf "$OUT/experience"/*/ "$OUT/suite"/*/ "$OUT"/*/*.db* 2>/dev/null  # keep what comes back small: JSON and logs
+rm -rf "$OUT/experience"/*/ "$OUT/suite"/*/ "$OUT/throughput" "$OUT"/*/*.db* 2>/dev/null  # keep what comes back small: JSON and logs
 echo "== summary"; tail -1 "$OUT/gpu_tests.log" 2>/dev/null; tail -2 "$OUT/experience.log" 2>/dev/null; true
