@@ -1,4 +1,4 @@
-"""Command line: optimize, check, inspect, runs, show, report."""
+"""Command line: optimize, check, inspect, runs, show, report, and the service: submit, serve, jobs."""
 from __future__ import annotations
 
 import argparse
@@ -45,19 +45,10 @@ def _fmt_ms(value: float | None) -> str:
 def cmd_optimize(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kernelevolve.optimize import OptimizeConfig, optimize
+    from kernelevolve.optimize import optimize
     from kernelevolve.store import Store
 
-    cfg = OptimizeConfig(device=_device(args), proposers=tuple(p for p in args.proposer.split(",") if p),
-                         max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
-                         stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
-                         timing_budget_ms=args.timing_budget_ms, proposer_options=_proposer_options(args),
-                         executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries)
-    if cfg.executor == "ray" and not cfg.ray_address:
-        raise UsageError("--executor ray needs --ray-address ADDR (host:port of the cluster's head, or 'auto')")
-    from kernelevolve.propose import make_proposers
-
-    make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)  # fail on a bad name before any work
+    cfg = optimize_config(args, _device(args))
     console = _console()
     store = Store(args.db)
     counts: dict[str, int] = {}
@@ -82,6 +73,23 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     _print_usage(console, store, outcome.run_id)
     _print_outcome(console, outcome, args.db)
     return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
+
+
+def optimize_config(args: argparse.Namespace, device: str) -> Any:
+    """The OptimizeConfig of the optimize flags (shared by optimize and submit), checked before any work is done:
+    a bad proposer name, --executor ray without an address or a bad LLM setting raise a one-line error."""
+    from kernelevolve.optimize import OptimizeConfig
+    from kernelevolve.propose import make_proposers
+
+    cfg = OptimizeConfig(device=device, proposers=tuple(p for p in args.proposer.split(",") if p),
+                         max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
+                         stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
+                         timing_budget_ms=args.timing_budget_ms, proposer_options=_proposer_options(args),
+                         executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries)
+    if cfg.executor == "ray" and not cfg.ray_address:
+        raise UsageError("--executor ray needs --ray-address ADDR (host:port of the cluster's head, or 'auto')")
+    make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)  # fail on a bad name before any work
+    return cfg
 
 
 def _proposer_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -360,33 +368,117 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --- parser ---------------------------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernelevolve", description="Find faster, verified kernels for PyTorch operators.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    sub = p.add_subparsers(dest="command", required=True)
+# --- service mode: submit / serve / jobs ----------------------------------------------------------------------------
+def cmd_submit(args: argparse.Namespace) -> int:
+    from kernelevolve.service import read_problem, submit
+    from kernelevolve.store import Store
 
-    o = sub.add_parser("optimize", help="search for a faster verified kernel")
-    o.add_argument("problem")
-    o.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
-    o.add_argument("--proposer", default="template,inductor",
+    read_problem(args.problem)  # a missing or broken file fails before the store is touched
+    config = dict(optimize_config(args, args.device or "cpu").to_dict(), device=args.device)  # None: the server's
+    store = Store(args.db)
+    print(submit(store, args.problem, config, args.out_root, args.out, args.priority))
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kernelevolve.service import serve
+
+    if args.lease <= 0 or args.poll <= 0 or (args.max_jobs is not None and args.max_jobs < 1):
+        raise UsageError("--lease and --poll take a positive number of seconds, --max-jobs a positive count")
+    try:
+        n = serve(args.db, once=args.once, poll_s=args.poll, max_jobs=args.max_jobs, lease_s=args.lease,
+                  say=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print("kernelevolve: interrupted; a job in progress is back in the queue and continues from its run",
+              file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(130)  # do not wait for in-flight evaluations; their processes end when their channel closes
+    print(f"served {n} job(s)" + ("; the queue is drained" if args.once and n != args.max_jobs else ""), flush=True)
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from kernelevolve.service import cancel, local_devices, requeue, requeue_stale
+    from kernelevolve.store import Store
+
+    store = Store(args.db)
+    if args.cancel is not None:
+        cancel(store, args.cancel)
+        print(f"cancelled job {args.cancel}")
+    elif args.requeue is not None:
+        print(f"queued job {requeue(store, args.requeue)}: job {args.requeue} again")
+    elif args.requeue_stale:
+        if args.device == "cuda" and "cuda" not in local_devices():
+            raise UsageError("--device cuda: no CUDA device is available to compare with")
+        queued = requeue_stale(store, (args.device,) if args.device else None)
+        for old, new, why in queued:
+            print(f"queued job {new} to re-optimize job {old}: {why}")
+        if not queued:
+            print("no finished job is stale on this machine")
+    else:
+        _print_jobs(store.jobs(args.status), args.json)
+    return EXIT_OK
+
+
+def _job_view(j: dict[str, Any]) -> dict[str, Any]:
+    speedup = j["eager_ms"] / j["best_ms"] if j["eager_ms"] and j["best_ms"] else None
+    return {"id": j["id"], "problem": j["problem_name"], "problem_path": j["problem_path"], "status": j["status"],
+            "owner": j["owner"], "attempts": j["attempts"], "run_id": j["run_id"], "best_ms": j["best_ms"],
+            "speedup_eager": speedup, "device": j["device"], "run_device": j["run_device"],
+            "device_key": j["device_key"], "versions": j["versions"], "priority": j["priority"],
+            "out_dir": j["out_dir"], "error": j["error"], "requeued_from": j["requeued_from"], "note": j["note"],
+            "created": j["created"], "started": j["started"], "finished": j["finished"]}
+
+
+def _print_jobs(jobs: list[dict[str, Any]], as_json: bool) -> None:
+    views = [_job_view(j) for j in jobs]
+    if as_json:
+        print(json.dumps(views))
+        return
+    from rich.table import Table
+
+    def when(stamp: str | None) -> str:
+        return (stamp or "")[5:19].replace("T", " ")  # MM-DD HH:MM:SS, UTC
+
+    table = Table("job", "problem", "status", "owner", "tries", "run", "best", "device", "created (UTC)", "started",
+                  "finished")
+    for v in views:
+        best = ""
+        if v["status"] == "finished":
+            best = f"{_fmt_x(v['speedup_eager'])} vs eager ({_fmt_ms(v['best_ms'])})" if v["best_ms"] else "untimed"
+        table.add_row(str(v["id"]), v["problem"], v["status"] + (f": {v['error'][:80]}" if v["error"] else ""),
+                      v["owner"] or "", str(v["attempts"]), str(v["run_id"] or ""), best,
+                      v["device_key"] or v["device"] or "any", when(v["created"]), when(v["started"]),
+                      when(v["finished"]))
+    console = _console()
+    if not console.is_terminal:
+        console.width = 200  # piped: no terminal to fit, so keep each job on one line
+    console.print(table)
+
+
+# --- parser ---------------------------------------------------------------------------------------------------------
+def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: cuda when available, else cpu") -> None:
+    """The flags of optimize that define a search (also those of submit): the problem, device, proposers, budgets,
+    executor and language-model settings."""
+    p.add_argument("problem")
+    p.add_argument("--device", choices=["cpu", "cuda"], help=device_help)
+    p.add_argument("--proposer", default="template,inductor",
                    help="comma-separated proposer names: template, inductor (default: template,inductor)")
-    o.add_argument("--max-evals", type=int, default=20)
-    o.add_argument("--time-budget", type=float, help="seconds of search")
-    o.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")
-    o.add_argument("--stall", type=int, default=10, help="stop after this many evaluations without a new best (0: never)")
-    o.add_argument("--workers", type=int, help="parallel evaluations (default: one per GPU, 1 on CPU; with Ray: the "
+    p.add_argument("--max-evals", type=int, default=20)
+    p.add_argument("--time-budget", type=float, help="seconds of search")
+    p.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")
+    p.add_argument("--stall", type=int, default=10, help="stop after this many evaluations without a new best (0: never)")
+    p.add_argument("--workers", type=int, help="parallel evaluations (default: one per GPU, 1 on CPU; with Ray: the "
                                                 "cluster's GPUs, or its CPUs with --device cpu)")
-    o.add_argument("--executor", choices=["local", "ray"], default="local",
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="where evaluations run: worker processes here, or Ray tasks on a cluster")
-    o.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (host:port, ray://host:port or 'auto')")
-    o.add_argument("--ray-retries", type=int, default=2, help="retries of an evaluation lost with its Ray worker or node")
-    o.add_argument("--db", default=DEFAULT_DB)
-    o.add_argument("--out", default="kernelevolve-out")
-    o.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")
-    o.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time per candidate")
-    o.add_argument("--resume", metavar="RUN", help="continue run RUN (an id or 'latest') from the store")
-    g = o.add_argument_group("language models (--proposer llm) and prompts (llm, manual)")
+    p.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (host:port, ray://host:port or 'auto')")
+    p.add_argument("--ray-retries", type=int, default=2, help="retries of an evaluation lost with its Ray worker or node")
+    p.add_argument("--db", default=DEFAULT_DB)
+    p.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")
+    p.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time per candidate")
+    g = p.add_argument_group("language models (--proposer llm) and prompts (llm, manual)")
     g.add_argument("--llm-model", metavar="NAME[=W],...", help="model names, with optional sampling weights")
     g.add_argument("--llm-base-url", metavar="URL", help="an OpenAI-compatible server (vLLM, SGLang, Ollama, ...)")
     g.add_argument("--llm-provider", choices=["openai", "anthropic"], default="openai")
@@ -403,6 +495,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-tokens", type=int, default=12000, help="prompt budget; low-priority sections go first")
     g.add_argument("--manual-dir", default="kernelevolve-prompts", help="where --proposer manual writes prompts")
     g.add_argument("--manual-timeout", type=float, default=3600.0, help="seconds to wait for each reply file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernelevolve", description="Find faster, verified kernels for PyTorch operators.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    o = sub.add_parser("optimize", help="search for a faster verified kernel")
+    add_optimize_args(o)
+    o.add_argument("--out", default="kernelevolve-out")
+    o.add_argument("--resume", metavar="RUN", help="continue run RUN (an id or 'latest') from the store")
     o.set_defaults(func=cmd_optimize)
 
     c = sub.add_parser("check", help="verify and time one candidate file")
@@ -473,23 +576,55 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--db", default=DEFAULT_DB)
     w.add_argument("--out", default="kernelevolve-out")
     w.set_defaults(func=cmd_report)
+
+    sm = sub.add_parser("submit", help="queue an optimization job for `kernelevolve serve`; prints its id")
+    add_optimize_args(sm, "default: cuda when the serving machine has it, else cpu")
+    sm.add_argument("--out", help="the job's out dir (default: OUT_ROOT/job-ID)")
+    sm.add_argument("--out-root", default="kernelevolve-jobs", help="where jobs' out dirs go by default")
+    sm.add_argument("--priority", type=int, default=0, help="higher runs first; equal priorities run oldest first")
+    sm.set_defaults(func=cmd_submit)
+
+    sv = sub.add_parser("serve", help="run queued jobs until interrupted (several servers may share one queue)")
+    sv.add_argument("--db", default=DEFAULT_DB)
+    sv.add_argument("--once", action="store_true", help="exit once no job is left to claim")
+    sv.add_argument("--poll", type=float, default=5.0, help="seconds between looks at an empty queue")
+    sv.add_argument("--max-jobs", type=int, help="exit after running this many jobs")
+    sv.add_argument("--lease", type=float, default=60.0,
+                    help="seconds without a heartbeat after which another server takes a running job over "
+                         "(the heartbeat comes every lease/3)")
+    sv.set_defaults(func=cmd_serve)
+
+    jb = sub.add_parser("jobs", help="list the job queue, or cancel or re-queue jobs")
+    jb.add_argument("--db", default=DEFAULT_DB)
+    jb.add_argument("--json", action="store_true", help="print one JSON list")
+    jb.add_argument("--status", choices=["queued", "running", "finished", "failed", "cancelled"])
+    act = jb.add_mutually_exclusive_group()
+    act.add_argument("--cancel", metavar="ID", help="cancel a queued job")
+    act.add_argument("--requeue", metavar="ID", help="queue job ID again (a new job, whatever ID's state)")
+    act.add_argument("--requeue-stale", action="store_true",
+                     help="queue a new job for each finished job whose run was measured on another device model or "
+                          "with other torch or triton versions than this machine's (once per job)")
+    jb.add_argument("--device", choices=["cpu", "cuda"], help="with --requeue-stale: judge only runs on this device")
+    jb.set_defaults(func=cmd_jobs)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from kernelevolve.problem import ProblemError
     from kernelevolve.propose import ProposerError
+    from kernelevolve.service import JobError
     from kernelevolve.store import StoreError
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if hasattr(args, "db") and args.command in ("runs", "show", "report") and not Path(args.db).exists():
+    if hasattr(args, "db") and args.command in ("runs", "show", "report", "serve", "jobs") \
+            and not Path(args.db).exists():
         print(f"kernelevolve: error: {args.db}: no such store", file=sys.stderr)
         return EXIT_USAGE
     try:
         return args.func(args)
-    except (ProblemError, ProposerError, UsageError, StoreError) as e:
+    except (ProblemError, ProposerError, UsageError, StoreError, JobError) as e:
         if args.debug:
             traceback.print_exc()
         print(f"kernelevolve: error: {e}", file=sys.stderr)

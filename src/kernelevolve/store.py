@@ -46,7 +46,17 @@ CREATE INDEX IF NOT EXISTS experience_device ON experience(device_key);
 CREATE TABLE IF NOT EXISTS approvals (
     id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), node_id INTEGER NOT NULL REFERENCES nodes(id),
     candidate_sha TEXT NOT NULL, approved_by TEXT NOT NULL, note TEXT NOT NULL, created TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY, problem_path TEXT NOT NULL, problem_name TEXT NOT NULL, problem_source TEXT NOT NULL,
+    config TEXT NOT NULL, device TEXT, out_root TEXT NOT NULL, out_dir TEXT NOT NULL, priority INTEGER NOT NULL,
+    status TEXT NOT NULL, owner TEXT, heartbeat REAL, lease_s REAL, attempts INTEGER NOT NULL DEFAULT 0,
+    run_id INTEGER REFERENCES runs(id), error TEXT, requeued_from INTEGER REFERENCES jobs(id), note TEXT,
+    created TEXT NOT NULL, started TEXT, finished TEXT);
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status, priority, id);
 """
+# jobs.status: queued, running, finished, failed or cancelled. device is what the job asked for (NULL: whatever the
+# serving machine has); heartbeat is Unix seconds, renewed by the owner ("host:pid") every lease_s / 3 while it runs.
+# requeued_from names the job whose problem and config a re-queued job repeats, and note says why it was queued.
 # llm_calls.status: "candidate" (the reply became a candidate, whose node meta names the call), "no_code" (the reply
 # held no usable file; detail says why) or "error" (the call failed: detail is the error kind and message). No prompt
 # or key is stored.
@@ -271,6 +281,80 @@ class Store:
         rows = self.db.execute("SELECT * FROM approvals WHERE run_id = ? AND (? IS NULL OR node_id = ?) ORDER BY id",
                                (run_id, node_id, node_id)).fetchall()
         return [dict(r) for r in rows]
+
+    # --- jobs (service mode) ----------------------------------------------------------------------------------
+    def add_job(self, problem_path: str, problem_name: str, problem_source: str, config: dict[str, Any],
+                out_root: str, out_dir: str | None = None, priority: int = 0, note: str | None = None) -> int:
+        """Queue a job; its out dir defaults to ``out_root/job-<id>``."""
+        with self.db:
+            cur = self.db.execute(
+                "INSERT INTO jobs (problem_path, problem_name, problem_source, config, device, out_root, out_dir, "
+                "priority, status, note, created) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (problem_path, problem_name, problem_source, json.dumps(config), config.get("device"), out_root,
+                 out_dir or "", priority, "queued", note, now()))
+            job_id = int(cur.lastrowid)
+            if not out_dir:
+                self.db.execute("UPDATE jobs SET out_dir = ? WHERE id = ?", (str(Path(out_root) / f"job-{job_id}"),
+                                                                            job_id))
+        return job_id
+
+    def requeue_job(self, job_id: int, note: str, once: bool = False, device: str | None = None) -> int | None:
+        """Queue a new job with the problem, config and priority of job ``job_id`` (on ``device`` when the job left
+        its device to the server). With ``once``, only when no job was re-queued from it yet (checked in the same
+        statement, so concurrent callers queue it once). Returns the new job's id, or None when ``once`` found it
+        already re-queued."""
+        self.job(job_id)
+        with self.db:
+            cur = self.db.execute(
+                "INSERT INTO jobs (problem_path, problem_name, problem_source, config, device, out_root, out_dir, "
+                "priority, status, requeued_from, note, created) SELECT problem_path, problem_name, problem_source, "
+                "json_set(config, '$.device', COALESCE(device, ?)), COALESCE(device, ?), out_root, '', priority, "
+                "'queued', id, ?, ? FROM jobs WHERE id = ? "
+                "AND (? = 0 OR NOT EXISTS (SELECT 1 FROM jobs WHERE requeued_from = ?))",
+                (device, device, note, now(), job_id, int(once), job_id))
+            if cur.rowcount == 0:
+                return None
+            new_id = int(cur.lastrowid)
+            self.db.execute("UPDATE jobs SET out_dir = out_root || '/job-' || id WHERE id = ?", (new_id,))
+        return new_id
+
+    def job(self, job_id: int | str) -> dict[str, Any]:
+        try:
+            row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (int(job_id),)).fetchone()
+        except ValueError:
+            row = None
+        if row is None:
+            raise StoreError(f"no job {job_id!r} in {self.path}")
+        return dict(row, config=json.loads(row["config"]))
+
+    def jobs(self, status: str | None = None) -> list[dict[str, Any]]:
+        """Every job (or those with ``status``) without its source, with its run's device, device key, versions,
+        eager time and fastest verified timed runtime (``best_ms``; None when nothing was timed)."""
+        rows = self.db.execute(
+            "SELECT j.id, j.problem_path, j.problem_name, j.config, j.device, j.out_dir, j.priority, j.status, "
+            "j.owner, j.heartbeat, j.attempts, j.run_id, j.error, j.requeued_from, j.note, j.created, j.started, "
+            "j.finished, r.device AS run_device, r.device_key, r.versions, r.status AS run_status, "
+            "json_extract(r.baseline, '$.eager.median_ms') AS eager_ms, "
+            "(SELECT MIN(res.runtime_ms) FROM nodes n JOIN results res ON res.candidate_id = n.candidate_id "
+            " WHERE n.run_id = j.run_id AND res.status = 'ok' AND res.timed = 1) AS best_ms "
+            "FROM jobs j LEFT JOIN runs r ON r.id = j.run_id WHERE (? IS NULL OR j.status = ?) ORDER BY j.id",
+            (status, status)).fetchall()
+        return [dict(row, config=json.loads(row["config"]),
+                     versions=json.loads(row["versions"]) if row["versions"] else None) for row in rows]
+
+    def update_job(self, job_id: int, held_by: str | None = None, when_status: str | None = None,
+                   **fields: Any) -> bool:
+        """Set ``fields`` of a job; with ``held_by``, only while that owner holds it, and with ``when_status``, only
+        while it has that status (checked in the same statement). Returns whether the job was changed."""
+        allowed = {"status", "owner", "heartbeat", "lease_s", "attempts", "run_id", "error", "started", "finished"}
+        if not fields or set(fields) - allowed:
+            raise StoreError(f"cannot update job fields {sorted(set(fields) - allowed)}")
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self.db:
+            cur = self.db.execute(f"UPDATE jobs SET {cols} WHERE id = ? AND (? IS NULL OR owner = ?) "
+                                  "AND (? IS NULL OR status = ?)",
+                                  (*fields.values(), job_id, held_by, held_by, when_status, when_status))
+        return cur.rowcount > 0
 
     def count_evaluated(self, run_id: int) -> int:
         return self.db.execute(
