@@ -28,7 +28,7 @@ def _device(args: argparse.Namespace) -> str:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available() and getattr(args, "executor", "local") != "ray":
         raise UsageError("--device cuda: no CUDA device is available")
     return device
 
@@ -610,6 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from kernelevolve.engine import ExecutorError
     from kernelevolve.problem import ProblemError
     from kernelevolve.propose import ProposerError
     from kernelevolve.service import JobError
@@ -624,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
-    except (ProblemError, ProposerError, UsageError, StoreError, JobError) as e:
+    except (ProblemError, ProposerError, UsageError, StoreError, JobError, ExecutorError) as e:
         if args.debug:
             traceback.print_exc()
         print(f"kernelevolve: error: {e}", file=sys.stderr)

@@ -65,6 +65,14 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def here(cfg: OptimizeConfig) -> str:
+    """Where this process can run the reference: the run's device, or the CPU for a controller without a GPU that
+    sends its evaluations to a cluster (the workers run them on the run's device)."""
+    if cfg.device == "cuda" and cfg.executor != "local" and not torch.cuda.is_available():
+        return "cpu"
+    return cfg.device
+
+
 def device_key(device: str) -> str:
     """What a timing is comparable across: the device model (and index-free)."""
     if device == "cuda":
@@ -96,7 +104,7 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
     if resume is not None:
         run = store.run(resume)
         cfg = OptimizeConfig.from_dict(run["config"])
-        problem = load_problem(problem_path, cfg.device)
+        problem = load_problem(problem_path, here(cfg))
         if problem.sha != run["problem_sha"]:
             raise ProblemError(problem_path, f"changed since run {run['id']} (hash {problem.short_sha} "
                                              f"!= {run['problem_sha'][:12]}); start a new run")
@@ -105,7 +113,7 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
         pool = make_pool(make_evaluator(problem, cfg, out_dir / ".work" / f"run{run_id}"), cfg.workers, cfg.executor,
                          cfg.ray_address, cfg.ray_retries)
     else:
-        problem = load_problem(problem_path, cfg.device)
+        problem = load_problem(problem_path, here(cfg))
         make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)  # fails before a run is recorded
         (out_dir / ".work").mkdir(parents=True, exist_ok=True)
         pool = make_pool(make_evaluator(problem, cfg, tempfile.mkdtemp(prefix="run-", dir=out_dir / ".work")),
@@ -124,7 +132,9 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     run_id = run["id"]
     proposers = make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)
     profile = run.get("profile")
-    if profile is None and cfg.profile:
+    if profile is None and cfg.profile and here(cfg) != cfg.device:
+        log.warning("no profile: the reference runs on %s workers, and this machine has no %s", cfg.device, cfg.device)
+    elif profile is None and cfg.profile:
         on_stage("profiling the reference")
         profile = _profile(problem, cfg.device)
         if profile is not None:
