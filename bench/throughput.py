@@ -81,21 +81,38 @@ def free_port() -> int:
 
 
 class LocalRay:
-    """A Ray head on 127.0.0.1 for the benchmark's lifetime."""
+    """A Ray head on 127.0.0.1 for the benchmark's lifetime. ``--block`` keeps the starting process in the
+    foreground, so terminating it stops exactly what it started (``ray stop`` would stop every Ray instance of this
+    user on the machine)."""
 
     def __init__(self, cpus: int, gpus: int, work: Path):
-        self.ray = str(Path(sys.executable).with_name("ray"))
-        if not Path(self.ray).exists():
-            self.ray = shutil.which("ray") or "ray"
-        self.port, self.temp = free_port(), work / "ray"
-        cmd = [self.ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
-               "--num-cpus", str(cpus), "--num-gpus", str(gpus), "--include-dashboard=false",
-               "--disable-usage-stats", "--temp-dir", str(self.temp)]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        exe = Path(sys.executable).with_name("ray")
+        ray = [str(exe)] if exe.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
+        self.port = free_port()
+        self.temp = Path(tempfile.mkdtemp(prefix="ke-ray-", dir="/tmp" if os.path.isdir("/tmp") else None))
+        log = self.temp / "head.log"
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                ray + ["start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
+                       "--num-cpus", str(cpus), "--num-gpus", str(gpus), "--include-dashboard=false",
+                       "--disable-usage-stats", "--temp-dir", str(self.temp)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.monotonic() + 120
+        while "will now block" not in log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > end:
+                self.stop()
+                raise SystemExit(f"the Ray head did not start:\n{log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.2)
         self.address = f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        subprocess.run([self.ray, "stop", "--force"], capture_output=True, timeout=120)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.temp, ignore_errors=True)
 
 
 def run_point(executor: str, workers: int, args: argparse.Namespace, address: str | None) -> dict[str, Any]:
