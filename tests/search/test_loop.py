@@ -325,7 +325,7 @@ def test_proposals_overlap_evaluations_only_when_pipelined(store, problem, pipel
     import threading
 
     started = threading.Event()
-    pool = GatedPool(started)
+    pool = GatedPool(started, patience=10.0 if pipeline else 0.5)  # waits only as long as no proposal starts
     proposer = SignallingProposer([src(f"c{i}", 5.0 - i) for i in range(3)], started)
     out = search(store, new_run(store, problem), problem, proposer, pool, max_evals=3, pipeline=pipeline)
     assert out.evaluations == 3
