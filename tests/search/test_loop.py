@@ -290,9 +290,9 @@ class GatedPool(FakePool):
     """Each evaluation runs on a thread and finishes once a proposal has started (or after ``patience`` s); it
     records whether one did, so a test sees whether proposing overlapped evaluating."""
 
-    def __init__(self, proposing, patience: float = 1.0):
+    def __init__(self, proposing, patience: float = 1.0, gated: int = 100):
         super().__init__()
-        self.proposing, self.patience = proposing, patience
+        self.proposing, self.patience, self.gated = proposing, patience, gated  # only the first `gated` wait
         self.overlapped: list[bool] = []
 
     def submit(self, candidate):
@@ -302,8 +302,10 @@ class GatedPool(FakePool):
         self.proposing.clear()  # only a proposal started after this submission counts
         fut: Future[Result] = Future()
 
+        wait = len(self.submitted) <= self.gated
+
         def run():
-            self.overlapped.append(self.proposing.wait(self.patience))
+            self.overlapped.append(self.proposing.wait(self.patience) if wait else False)
             fut.set_result(fake_result(candidate.source))
 
         threading.Thread(target=run, daemon=True).start()
@@ -325,7 +327,7 @@ def test_proposals_overlap_evaluations_only_when_pipelined(store, problem, pipel
     import threading
 
     started = threading.Event()
-    pool = GatedPool(started, patience=10.0 if pipeline else 0.5)  # waits only as long as no proposal starts
+    pool = GatedPool(started, patience=10.0 if pipeline else 0.5, gated=2)  # a wait ends when a proposal starts
     proposer = SignallingProposer([src(f"c{i}", 5.0 - i) for i in range(3)], started)
     out = search(store, new_run(store, problem), problem, proposer, pool, max_evals=3, pipeline=pipeline)
     assert out.evaluations == 3
