@@ -1,11 +1,14 @@
 """Local worker pool: one worker per GPU (each child pinned with CUDA_VISIBLE_DEVICES), or N on the CPU."""
 from __future__ import annotations
 
+import logging
 import queue
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate import Baseline, Evaluator, Result
+
+log = logging.getLogger(__name__)
 
 
 def default_workers(device: str) -> int:
@@ -16,6 +19,20 @@ def default_workers(device: str) -> int:
     return 1  # CPU timings interfere with each other; more workers trade accuracy for throughput
 
 
+def gpu_slots(device: str, workers: int) -> list[int | None]:
+    """The GPU of each worker: the visible GPUs in turn (None on the CPU). More workers than GPUs share them, and
+    then the timings of evaluations on one GPU disturb each other: a warning says so."""
+    if device != "cuda":
+        return [None] * workers
+    import torch
+
+    gpus = max(1, torch.cuda.device_count())
+    if workers > gpus:
+        log.warning("%d workers share %d GPU(s): evaluations timed at once on one GPU disturb each other's times",
+                    workers, gpus)
+    return [i % gpus for i in range(workers)]
+
+
 class LocalPool:
     """Runs ``Evaluator.evaluate`` on worker threads; each evaluation is its own child process."""
 
@@ -23,8 +40,8 @@ class LocalPool:
         self.evaluator = evaluator
         self.workers = workers
         self._slots: queue.Queue[int | None] = queue.Queue()
-        for i in range(workers):
-            self._slots.put(i if evaluator.config.device == "cuda" else None)
+        for gpu in gpu_slots(evaluator.config.device, workers):
+            self._slots.put(gpu)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kernelevolve-eval")
 
     def baseline(self, compiled: bool = True) -> Baseline:
