@@ -345,8 +345,10 @@ def test_submit_then_serve_once_runs_it_to_the_end(tmp_path):
     (view,) = json.loads(listed.stdout)
     assert view["id"] == job and view["status"] == "finished" and view["run_id"] == 1 and view["attempts"] == 1
     assert view["problem"] == "relu2" and view["device_key"] == device_key("cpu") and view["finished"]
+    assert view["evaluated"] == rows(db, "SELECT COUNT(*) FROM nodes WHERE cached = 0")[0][0] and view["max_evals"] == 2
     table = ke("jobs", "--db", str(db))
     assert table.returncode == 0 and "relu2" in table.stdout and "finished" in table.stdout
+    assert f"{view['evaluated']}/2" in table.stdout
 
 
 @pytest.mark.slow

@@ -425,6 +425,7 @@ def _job_view(j: dict[str, Any]) -> dict[str, Any]:
     speedup = j["eager_ms"] / j["best_ms"] if j["eager_ms"] and j["best_ms"] else None
     return {"id": j["id"], "problem": j["problem_name"], "problem_path": j["problem_path"], "status": j["status"],
             "owner": j["owner"], "attempts": j["attempts"], "run_id": j["run_id"], "best_ms": j["best_ms"],
+            "evaluated": j["evaluated"], "max_evals": j["config"].get("max_evals"),
             "speedup_eager": speedup, "device": j["device"], "run_device": j["run_device"],
             "device_key": j["device_key"], "versions": j["versions"], "priority": j["priority"],
             "out_dir": j["out_dir"], "error": j["error"], "requeued_from": j["requeued_from"], "note": j["note"],
@@ -441,14 +442,17 @@ def _print_jobs(jobs: list[dict[str, Any]], as_json: bool) -> None:
     def when(stamp: str | None) -> str:
         return (stamp or "")[5:19].replace("T", " ")  # MM-DD HH:MM:SS, UTC
 
-    table = Table("job", "problem", "status", "owner", "tries", "run", "best", "device", "created (UTC)", "started",
-                  "finished")
+    table = Table("job", "problem", "status", "owner", "tries", "run", "evals", "best", "device", "created (UTC)",
+                  "started", "finished")
     for v in views:
         best = ""
-        if v["status"] == "finished":
-            best = f"{_fmt_x(v['speedup_eager'])} vs eager ({_fmt_ms(v['best_ms'])})" if v["best_ms"] else "untimed"
+        if v["best_ms"]:  # so far, while the job runs
+            best = f"{_fmt_x(v['speedup_eager'])} vs eager ({_fmt_ms(v['best_ms'])})"
+        elif v["status"] == "finished":
+            best = "untimed"
+        evals = f"{v['evaluated']}/{v['max_evals']}" if v["run_id"] else ""
         table.add_row(str(v["id"]), v["problem"], v["status"] + (f": {v['error'][:80]}" if v["error"] else ""),
-                      v["owner"] or "", str(v["attempts"]), str(v["run_id"] or ""), best,
+                      v["owner"] or "", str(v["attempts"]), str(v["run_id"] or ""), evals, best,
                       v["device_key"] or v["device"] or "any", when(v["created"]), when(v["started"]),
                       when(v["finished"]))
     console = _console()

@@ -329,14 +329,17 @@ class Store:
 
     def jobs(self, status: str | None = None) -> list[dict[str, Any]]:
         """Every job (or those with ``status``) without its source, with its run's device, device key, versions,
-        eager time and fastest verified timed runtime (``best_ms``; None when nothing was timed)."""
+        eager time, fastest verified timed runtime (``best_ms``; None when nothing was timed) and the number of
+        evaluations its run has made so far (``evaluated``)."""
         rows = self.db.execute(
             "SELECT j.id, j.problem_path, j.problem_name, j.config, j.device, j.out_dir, j.priority, j.status, "
             "j.owner, j.heartbeat, j.attempts, j.run_id, j.error, j.requeued_from, j.note, j.created, j.started, "
             "j.finished, r.device AS run_device, r.device_key, r.versions, r.status AS run_status, "
             "json_extract(r.baseline, '$.eager.median_ms') AS eager_ms, "
             "(SELECT MIN(res.runtime_ms) FROM nodes n JOIN results res ON res.candidate_id = n.candidate_id "
-            " WHERE n.run_id = j.run_id AND res.status = 'ok' AND res.timed = 1) AS best_ms "
+            " WHERE n.run_id = j.run_id AND res.status = 'ok' AND res.timed = 1) AS best_ms, "
+            "(SELECT COUNT(*) FROM nodes n JOIN results res ON res.candidate_id = n.candidate_id "
+            " WHERE n.run_id = j.run_id AND n.cached = 0) AS evaluated "
             "FROM jobs j LEFT JOIN runs r ON r.id = j.run_id WHERE (? IS NULL OR j.status = ?) ORDER BY j.id",
             (status, status)).fetchall()
         return [dict(row, config=json.loads(row["config"]),
