@@ -196,10 +196,11 @@ def test_serve_fails_a_raising_job_with_one_line_and_goes_on(tmp_path, monkeypat
     j1, j2 = submit(db, first, *FAST), submit(db, second, *FAST)
     calls = []
 
-    def optimize(path, cfg, store, out_dir, resume=None):
+    def optimize(path, cfg, store, out_dir, resume=None, on_run=None):
         problem = Problem(str(path), Path(path).read_text(), source_sha(Path(path).read_text()), Path(path).stem)
         run_id = store.create_run(problem, cfg.device, "cpu:test", cfg.to_dict(), versions())
-        assert store.job(store.job_id)["run_id"] == run_id  # known before the run goes on
+        on_run(run_id)
+        assert [j["run_id"] for j in store.jobs("running")] == [run_id]  # known before the run goes on
         calls.append((Path(path).name, resume))
         if Path(path).stem == "first":
             raise ValueError("the search exploded\nsecond line of detail")
@@ -229,7 +230,7 @@ def test_a_reclaimed_job_continues_its_run_from_the_submitted_source(tmp_path, m
     path.write_text(PROBLEM.format(scale=9.0))  # edited after submission: the stored source is what runs
     seen = {}
 
-    def optimize(problem_path, cfg, store, out_dir, resume=None):
+    def optimize(problem_path, cfg, store, out_dir, resume=None, on_run=None):
         seen.update(path=Path(problem_path), resume=resume, out_dir=out_dir, t0=time.time())
         time.sleep(0.4)  # several heartbeats at lease 0.3 s
         return fake_outcome(7)

@@ -99,8 +99,10 @@ def make_evaluator(problem: Problem, cfg: OptimizeConfig, workdir: Path | None =
 
 def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_dir: Path, resume: int | str | None = None,
              on_result: Callable[[dict[str, Any], Result], None] | None = None,
-             on_stage: Callable[[str], None] = lambda s: None) -> RunOutcome:
-    """Run (or resume) an optimization. Raises ProblemError for a bad problem file, StoreError for a bad run id."""
+             on_stage: Callable[[str], None] = lambda s: None,
+             on_run: Callable[[int], None] = lambda run_id: None) -> RunOutcome:
+    """Run (or resume) an optimization. Raises ProblemError for a bad problem file, StoreError for a bad run id.
+    ``on_run`` gets the run's id as soon as the run exists in the store (created, or taken up again)."""
     if resume is not None:
         run = store.run(resume)
         cfg = OptimizeConfig.from_dict(run["config"])
@@ -120,6 +122,7 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
                          cfg.workers, cfg.executor, cfg.ray_address, cfg.ray_retries)
         run_id = store.create_run(problem, cfg.device, pool.device_key(), cfg.to_dict(), versions())
         run = store.run(run_id)
+    on_run(run["id"])
     try:
         return _optimize(problem, cfg, store, out_dir, run, pool, on_result, on_stage)
     finally:

@@ -245,19 +245,6 @@ class Heartbeat:
             con.close()
 
 
-class JobStore(Store):
-    """The store a job's optimize writes through: it records the job's run id the moment the run is created, so a
-    server killed at any later point is resumed on that run."""
-
-    job_id: int | None = None
-
-    def create_run(self, *args: Any, **kwargs: Any) -> int:
-        run_id = super().create_run(*args, **kwargs)
-        if self.job_id is not None:
-            self.update_job(self.job_id, run_id=run_id)
-        return run_id
-
-
 def job_config(job: dict[str, Any]) -> OptimizeConfig:
     return OptimizeConfig.from_dict(dict(job["config"], device=job["config"].get("device") or default_device()))
 
@@ -310,11 +297,11 @@ def run_job(queue: JobQueue, job: dict[str, Any], say: Say) -> str:
         said += f" (attempt {job['attempts']}: {job['reclaimed']})"
     say(said + ("" if path == Path(job["problem_path"]) else f"; {job['problem_path']} changed, running the submitted "
                                                              f"copy {path}"))
-    if isinstance(store, JobStore):
-        store.job_id = jid
     try:
         with Heartbeat(store.path, jid, queue.owner, queue.lease_s / 3):
-            outcome = optimize(path, cfg, store, Path(job["out_dir"]), resume=resume)
+            # the run id is kept the moment the run exists, so a server killed at any later point resumes that run
+            outcome = optimize(path, cfg, store, Path(job["out_dir"]), resume=resume,
+                               on_run=lambda run_id: store.update_job(jid, run_id=run_id))
     except KeyboardInterrupt:
         queue.release(jid)
         raise
@@ -324,9 +311,6 @@ def run_job(queue: JobQueue, job: dict[str, Any], say: Say) -> str:
         queue.fail(jid, one_line(e))
         say(f"job {jid} failed: {name}{f', run {run_id}' if run_id else ''}: {one_line(e)}")
         return "failed"
-    finally:
-        if isinstance(store, JobStore):
-            store.job_id = None
     if not queue.finish(jid, outcome.run_id):
         say(f"job {jid}: run {outcome.run_id} ended, but the job had been reclaimed by another server")
         return store.job(jid)["status"]
@@ -338,7 +322,7 @@ def serve(db: str | Path, once: bool = False, poll_s: float = 5.0, max_jobs: int
           lease_s: float = DEFAULT_LEASE_S, say: Say = log.info, owner: str | None = None) -> int:
     """Run queued jobs until interrupted (with ``once``: until none is left to claim, or after ``max_jobs``).
     Returns the number of jobs run."""
-    store = JobStore(db)
+    store = Store(db)
     queue = JobQueue(store, owner, lease_s)
     done = 0
     try:
@@ -356,5 +340,5 @@ def serve(db: str | Path, once: bool = False, poll_s: float = 5.0, max_jobs: int
     return done
 
 
-__all__ = ["DEFAULT_LEASE_S", "Heartbeat", "JobError", "JobQueue", "JobStore", "MAX_ATTEMPTS", "STATUSES", "cancel",
+__all__ = ["DEFAULT_LEASE_S", "Heartbeat", "JobError", "JobQueue", "MAX_ATTEMPTS", "STATUSES", "cancel",
            "local_devices", "owner_alive", "requeue", "requeue_stale", "run_job", "serve", "stale_reason", "submit"]
