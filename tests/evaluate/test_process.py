@@ -71,3 +71,47 @@ def test_sweep_removes_blob_folders_of_dead_controllers(tmp_path, monkeypatch):
         d.mkdir()
     process.sweep_stale_blob_dirs()
     assert not dead.exists() and mine.exists() and other.exists()
+
+
+_CONTROLLER = """
+import sys
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate import EvalConfig, Evaluator
+from kernelevolve.problem import load_problem
+
+if __name__ == "__main__":
+    problem, workdir, candidate = sys.argv[1:4]
+    ev = Evaluator(load_problem(problem), EvalConfig(device="cpu", timeout_s=600, time_candidates=False), workdir)
+    ev.evaluate(Candidate(open(candidate).read()))
+"""
+
+
+def test_an_evaluation_ends_when_its_controller_is_killed(candidate, gone, tmp_path):
+    """kill -9 of the evaluating process (a controller, or a Ray worker) must not leave its candidate running with no
+    deadline: the fork server exits with its owner, and the child dies with the server."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import CHEATS, ROOT
+
+    pidfile = tmp_path / "pid"
+    cand = tmp_path / "hang.py"
+    cand.write_text(candidate("hang", pidfile=str(pidfile)).source)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-c", _CONTROLLER, str(CHEATS / "problem_scale.py"), str(tmp_path / "w"),
+                             str(cand)], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pidfile.exists() and pidfile.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the candidate never started"
+            time.sleep(0.1)
+        child = int(pidfile.read_text())
+        assert not gone(child, 0.5)  # hanging in forward
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert gone(child, 15.0), "the candidate outlived its controller"
+    finally:
+        proc.kill()

@@ -63,10 +63,14 @@ def _server_environment() -> dict[str, str]:
     return env
 
 
-def _server_alive() -> bool:
+def _server_pid() -> int | None:
     from multiprocessing import forkserver
 
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _server_alive() -> bool:
+    pid = _server_pid()
     if pid is None:
         return False
     try:
@@ -199,6 +203,7 @@ class Child:
             try:
                 with _LOCK:
                     _ensure_server()
+                    job = dict(job, server_pid=_server_pid())  # the child's parent: it dies with it
                     self.proc = ctx.Process(target=target, args=(child_conn, job), daemon=True)
                     self.proc.start()
                 return

@@ -68,6 +68,20 @@ class Channel:
         return json.loads(self.conn.recv_bytes())
 
 
+def _release_server_pipe() -> None:
+    """Close this child's copy of the write end of the fork server's "alive" pipe (every process the server forks
+    gets one). The server exits when no copy is left open, and only then: with every child's closed, it exits when
+    its owner, the evaluating process, dies, and the children die with it (checks.die_with_parent)."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+
+
 def child_main(conn: Any, job: dict[str, Any]) -> None:
     """Entry point of the child process (forked from the fork server, so torch is already imported)."""
     try:
@@ -75,6 +89,8 @@ def child_main(conn: Any, job: dict[str, Any]) -> None:
     except OSError:
         pass
     checks.become_subreaper()
+    checks.die_with_parent(job.get("server_pid"))
+    _release_server_pipe()
     _redirect_output(job["log"])
     clean = checks.scrub_environment(dict(os.environ))
     os.environ.clear()
