@@ -28,6 +28,7 @@ import kernelevolve
 from kernelevolve.candidate import Candidate
 from kernelevolve.engine import ExecutorError
 from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, Status, TimingConfig
+from kernelevolve.evaluate.process import pid_alive
 from kernelevolve.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -211,18 +212,8 @@ def _sweep(root: Path) -> None:
     """Remove the folders of worker processes that are gone (a GPU task's worker exits after one task)."""
     for entry in root.iterdir():
         pid = entry.name.split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _where() -> dict[str, Any]:

@@ -152,11 +152,11 @@ def sweep_stale_blob_dirs() -> None:
             continue
         for name in names:
             m = re.fullmatch(re.escape(BLOB_PREFIX) + r"(\d+)-\w+", name)
-            if m and not _pid_alive(int(m.group(1))):
+            if m and not pid_alive(int(m.group(1))):
                 shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
