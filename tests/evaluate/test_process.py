@@ -89,6 +89,7 @@ if __name__ == "__main__":
 def test_an_evaluation_ends_when_its_controller_is_killed(candidate, gone, tmp_path):
     """kill -9 of the evaluating process (a controller, or a Ray worker) must not leave its candidate running with no
     deadline: the fork server exits with its owner, and the child dies with the server."""
+    import contextlib
     import os
     import signal
     import subprocess
@@ -115,3 +116,6 @@ def test_an_evaluation_ends_when_its_controller_is_killed(candidate, gone, tmp_p
         assert gone(child, 15.0), "the candidate outlived its controller"
     finally:
         proc.kill()
+        if pidfile.exists() and pidfile.read_text():  # a failed run must not leave the spinning child behind
+            with contextlib.suppress(OSError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
