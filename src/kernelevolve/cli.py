@@ -389,11 +389,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         n = serve(args.db, once=args.once, poll_s=args.poll, max_jobs=args.max_jobs, lease_s=args.lease,
                   say=lambda line: print(line, flush=True))
     except KeyboardInterrupt:
-        print("kernelevolve: interrupted; a job in progress is back in the queue and continues from its run",
-              file=sys.stderr)
-        sys.stderr.flush()
-        sys.stdout.flush()
-        os._exit(130)  # do not wait for in-flight evaluations; their processes end when their channel closes
+        _exit_interrupted("a job in progress is back in the queue and continues from its run")
     print(f"served {n} job(s)" + ("; the queue is drained" if args.once and n != args.max_jobs else ""), flush=True)
     return EXIT_OK
 
@@ -635,11 +631,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kernelevolve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("kernelevolve: interrupted; every finished evaluation is stored: resume with --resume latest",
-              file=sys.stderr)
-        sys.stderr.flush()
-        sys.stdout.flush()
-        os._exit(130)  # do not wait for in-flight evaluations; their processes end when their channel closes
+        _exit_interrupted("every finished evaluation is stored: resume with --resume latest")
+
+
+def _exit_interrupted(what: str) -> None:
+    print(f"kernelevolve: interrupted; {what}", file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(130)  # do not wait for in-flight evaluations; their processes end when their channel closes
 
 
 if __name__ == "__main__":
