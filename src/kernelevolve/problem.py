@@ -102,6 +102,21 @@ def make_inputs(module: ModuleType, seed: int, shape_index: int = 0, device: str
     return to_device(inputs, device) if device is not None else inputs
 
 
+def input_specs(module: ModuleType, seed: int, shape_index: int = 0,
+                device: str | None = None) -> list[tuple[tuple[int, ...], torch.dtype] | None]:
+    """(shape, dtype) of each input drawn with ``seed`` (None for a non-tensor), without making the data where the
+    shapes do not depend on it: drawn on the meta device first, which costs nothing at any size; a ``get_inputs()``
+    whose sizes come from its random values (jagged totals) cannot run there and is drawn for real."""
+    try:
+        with _RNG_LOCK, torch.device("meta"):
+            values = _draw(module, seed, shape_index)
+        if not all(v.device.type == "meta" for v in values if isinstance(v, torch.Tensor)):
+            raise ValueError("drawn off the meta device")
+    except Exception:  # the user's get_inputs(): it may need real values
+        values = make_inputs(module, seed, shape_index, device)
+    return [(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else None for v in values]
+
+
 def _draw(module: ModuleType, seed: int, shape_index: int) -> list[Any]:
     with _RNG_LOCK:
         seed_everything(seed)
@@ -183,8 +198,9 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
     dtypes: tuple[str, ...] = ()
     mutates = False
     for k in range(shapes):
-        inputs = _call(path, "get_inputs()" if k == 0 else f"get_extra_inputs()[{k - 1}]", make_inputs, module, 0, k)
-        inputs = to_device(inputs, device)
+        # drawn on the device itself where it can be: a CPU draw of gigabytes of inputs takes seconds
+        inputs = _call(path, "get_inputs()" if k == 0 else f"get_extra_inputs()[{k - 1}]", make_inputs, module, 0, k,
+                       device)
         before = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
         with torch.no_grad():
             out = _call(path, "Model.forward", model, *inputs)

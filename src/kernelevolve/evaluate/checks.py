@@ -5,11 +5,12 @@ taken by the harness before the candidate is imported.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,6 +25,12 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 }
 TF32_TOL = (1e-2, 1e-2)
 EXACT_TOL = (0.0, 0.0)  # integers and bool must match exactly
+# Where the reference itself is far from the exact (float64) result, as on reductions tens of thousands long, an
+# element is also accepted when its error against the exact result is within this many times the reference's own
+# error (its root mean square over the output). A summation order that differs from the reference's moves a near-zero
+# fp32 output of a 32768-long product by about 1e-3, past atol; lower-precision arithmetic (bf16, or TF32 where it is
+# not allowed) lands 60 to 1000 times further from the exact result than the fp32 reference does, and still fails.
+REF_ERROR_FACTOR = 8.0
 
 SECRET_PATTERN = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 
@@ -38,8 +45,24 @@ def tolerance(dtype: torch.dtype, allow_tf32: bool = False, atol: float | None =
 
 
 def compare_outputs(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_tf32: bool = False,
-                    atol: float | None = None, rtol: float | None = None) -> str | None:
-    """None when ``out`` matches ``ref`` on every element; otherwise a one-line reason with mismatch statistics."""
+                    atol: float | None = None, rtol: float | None = None,
+                    exact: Callable[[], tuple[torch.Tensor, ...] | None] | None = None) -> str | None:
+    """None when ``out`` matches ``ref`` on every element; otherwise a one-line reason with mismatch statistics.
+
+    ``exact``: computes the reference in float64 (one tensor per output, or None where it cannot), called only when
+    some element is outside the tolerance around ``ref``. Such an element still passes when it is within the tolerance
+    around the exact value, or within REF_ERROR_FACTOR times the reference's own error, whichever is larger: never
+    stricter than ``ref`` alone."""
+    exact_outputs: list[Any] = []
+
+    def exact_at(i: int) -> torch.Tensor | None:
+        if exact is None:
+            return None
+        if not exact_outputs:
+            exact_outputs.append(exact())
+        got = exact_outputs[0]
+        return got[i] if got is not None and i < len(got) else None
+
     if len(out) != len(ref):
         return f"expected {len(ref)} output(s), got {len(out)}"
     for i, (r, o) in enumerate(zip(ref, out)):
@@ -50,13 +73,14 @@ def compare_outputs(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_t
             return f"{name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}"
         if o.dtype != r.dtype:
             return f"{name} has dtype {o.dtype}, expected {r.dtype}"
-        reason = _compare_values(r, o, *tolerance(r.dtype, allow_tf32, atol, rtol))
+        reason = _compare_values(r, o, *tolerance(r.dtype, allow_tf32, atol, rtol), exact=lambda: exact_at(i))
         if reason:
             return f"{name}: {reason}"
     return None
 
 
-def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: float) -> str | None:
+def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: float,
+                    exact: Callable[[], torch.Tensor | None] = lambda: None) -> str | None:
     out = out.to(ref.device)
     if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
         bad = int((ref != out).sum())
@@ -78,10 +102,40 @@ def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: flo
     n_bad = int(bad.sum())
     if not n_bad:
         return None
+    widened = ""
+    e = exact() if ref.dtype.is_floating_point else None
+    if e is not None and e.shape == ref.shape:
+        bad, widened = _against_exact(r, o, e.to(ref.device, torch.float64), bad, atol, rtol)
+        n_bad = int(bad.sum())
+        if not n_bad:
+            return None
     idx = int(torch.argmax(torch.where(bad, err, torch.zeros_like(err))))
     r, o, err = r.flatten(), o.flatten(), err.flatten()
-    return (f"{n_bad} of {ref.numel()} elements outside atol={atol:g} rtol={rtol:g}; "
+    return (f"{n_bad} of {ref.numel()} elements outside atol={atol:g} rtol={rtol:g}{widened}; "
             f"max abs err {float(err[idx]):.3g} (out {o[idx].item():.6g} vs ref {r[idx].item():.6g})")
+
+
+def _against_exact(r: torch.Tensor, o: torch.Tensor, exact: torch.Tensor, bad: torch.Tensor, atol: float,
+                   rtol: float) -> tuple[torch.Tensor, str]:
+    """Re-judge the elements in ``bad`` against the exact result: (still bad, a note for the reason)."""
+    own = _rms_difference(r, exact)
+    e = exact[bad]
+    allowed = torch.clamp(atol + rtol * e.abs(), min=REF_ERROR_FACTOR * own)
+    still = bad.clone()
+    still[bad] = ~((o[bad].double() - e).abs() <= allowed)
+    return still, f" (or {REF_ERROR_FACTOR:g}x the reference's own error {own:.3g} from the float64 result)"
+
+
+def _rms_difference(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 24) -> float:
+    """The root mean square of the finite elements of ``a - b``, in float64, a chunk at a time (outputs can be GBs)."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    total, count = 0.0, 0
+    for i in range(0, a.numel(), chunk):
+        d = a[i:i + chunk].double() - b[i:i + chunk]
+        d = d[torch.isfinite(d)]
+        total += float(d.square().sum())
+        count += d.numel()
+    return math.sqrt(total / count) if count else 0.0
 
 
 # Variables named as secrets at run time (e.g. --llm-key-env MY_CREDS), removed whatever their names look like.

@@ -16,11 +16,13 @@ from typing import Any
 import torch
 
 from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate import devshare
 from kernelevolve.evaluate.checks import compare_outputs
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
 from kernelevolve.evaluate.timing import TimingConfig
-from kernelevolve.problem import Problem, as_outputs, build_model, import_module_from_path, make_inputs
+from kernelevolve.problem import (Problem, as_outputs, build_model, import_module_from_path, input_specs,
+                                 make_inputs)
 
 log = logging.getLogger(__name__)
 Buffer = bytes | bytearray | memoryview
@@ -56,6 +58,8 @@ class EvalConfig:
     trials: int = 3
     timing: TimingConfig = field(default_factory=TimingConfig)
     time_candidates: bool = True
+    # CUDA outputs of at least this many bytes come back on the device, by IPC handle (None: always by host memory)
+    share_min_bytes: int | None = devshare.MIN_BYTES
 
 
 class _Verdict(Exception):
@@ -101,9 +105,40 @@ class Evaluator:
             outs = outs + tuple(v for v in inputs if isinstance(v, torch.Tensor))
         return tuple(o.detach() for o in outs)
 
+    def reference_exact(self, seed: int, shape: int = 0, gpu: int | None = None) -> tuple[torch.Tensor, ...] | None:
+        """The reference in float64 (weights and floating inputs upcast) for the inputs drawn with ``seed``: how far
+        the reference itself is from the exact result. None where its ops do not run in float64."""
+        dev = self._ref_device(gpu)
+        try:
+            with self._lock:
+                key = f"{dev}:float64"
+                if key not in self._models:
+                    self._models[key] = build_model(self.module, "Model", self.init_seed).to(dev).double()
+                model = self._models[key]
+            inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                      for x in make_inputs(self.module, seed, shape, dev)]
+            with torch.no_grad():
+                outs = as_outputs(model(*inputs))
+            if self.problem.mutates_inputs:
+                outs = outs + tuple(v for v in inputs if isinstance(v, torch.Tensor))
+            return tuple(o.detach() if isinstance(o, torch.Tensor) else None for o in outs)
+        except Exception as e:  # the reference's own code: any op that has no float64 kernel
+            log.debug("no float64 reference: %s: %s", type(e).__name__, e)
+            return None
+
+    def _exact(self, seed: int, shape: int, gpu: int | None, count: int | None = None) -> Any:
+        """The float64 reference as compare_outputs takes it; None when the problem sets its own tolerances."""
+        if self.problem.atol is not None or self.problem.rtol is not None:
+            return None
+
+        def compute() -> tuple[torch.Tensor, ...] | None:
+            outs = self.reference_exact(seed, shape, gpu)
+            return outs if outs is None or count is None else outs[:count]
+
+        return compute
+
     def _input_shapes(self, seed: int, shape: int, gpu: int | None) -> list[Any]:
-        return [tuple(x.shape) if isinstance(x, torch.Tensor) else None
-                for x in make_inputs(self.module, seed, shape, self._ref_device(gpu))]
+        return input_specs(self.module, seed, shape, self._ref_device(gpu))
 
     def _same_shapes_seed(self, seed: int, shape: int, gpu: int | None) -> int | None:
         """A fresh seed whose inputs have the shapes ``seed`` drew, for the re-call into the same buffers. Only
@@ -135,7 +170,7 @@ class Evaluator:
         job = {"mode": mode, "device": self.config.device, "gpu": gpu, "problem": self.problem.path,
                "state_dict": str(self.state_path), "init_seed": self.init_seed, "log": str(self.workdir / f"{name}.log"),
                "allow_tf32": self.problem.allow_tf32, "mutates_inputs": self.problem.mutates_inputs,
-               "timing": asdict(self.config.timing)}
+               "timing": asdict(self.config.timing), "share_min_bytes": self.config.share_min_bytes}
         if candidate is not None:
             path = self.workdir / f"{name}.py"
             path.write_text(candidate.source)
@@ -174,14 +209,15 @@ class Evaluator:
         for trial in range(self.config.trials):
             for shape in range(self.problem.n_shapes):
                 last = fresh_seed()
-                outputs = self._check_trial(child, "trial", shape, gpu, f"trial {trial + 1} shape {shape}", last)
+                outputs = self._check_trial(child, "trial", shape, gpu, f"trial {trial + 1} shape {shape}", last,
+                                            details)
         # the re-call refills the buffers of the last trial, which used the last shape
         recall = self._same_shapes_seed(last, self.problem.n_shapes - 1, gpu)
         if recall is None:
             details["recall"] = "skipped: no draw with the last trial's input shapes was found"
         else:
             self._check_trial(child, "recall", self.problem.n_shapes - 1, gpu,
-                              "re-call with new values in the same input buffers", recall)
+                              "re-call with new values in the same input buffers", recall, details)
         clock("trials")
         details["first_call_s"] = outputs.get("first_call_s") if outputs else None  # timing may refine it
         launches = outputs["launches"] if outputs else 0
@@ -195,7 +231,7 @@ class Evaluator:
         if self.config.time_candidates and not interpreted:
             timing_ = self._time(child, details, gpu)
             clock("timing")
-            self._check_trial(child, "trial", 0, gpu, "post-timing check")
+            self._check_trial(child, "trial", 0, gpu, "post-timing check", details=details)
             clock("post_check")
         child.send({"cmd": "done"})
         reason = "verified" + ("" if timing_ else (
@@ -211,15 +247,18 @@ class Evaluator:
         _raise_on_fail(header, "output")
         return header, blob, ref
 
-    def _compare(self, ref: tuple, header: dict[str, Any], blob: Buffer) -> str | None:
-        return compare_outputs(ref, _load_tensors(header, blob), self.problem.allow_tf32, self.problem.atol,
-                               self.problem.rtol)
+    def _compare(self, ref: tuple, header: dict[str, Any], blob: Buffer, exact: Any = None) -> str | None:
+        return compare_outputs(ref, _load_tensors(header, blob, _device_of(ref)), self.problem.allow_tf32,
+                               self.problem.atol,
+                               self.problem.rtol, exact)
 
     def _check_trial(self, child: Child, cmd: str, shape: int, gpu: int | None, what: str,
-                     seed: int | None = None) -> dict[str, Any]:
+                     seed: int | None = None, details: dict[str, Any] | None = None) -> dict[str, Any]:
         seed = fresh_seed() if seed is None else seed
         header, blob, ref = self._output(child, {"cmd": cmd, "seed": seed, "shape": shape}, gpu)
-        reason = self._compare(ref, header, blob)
+        if details is not None and isinstance(header.get("peak_bytes"), int):
+            details["peak_device_bytes"] = max(details.get("peak_device_bytes", 0), header["peak_bytes"])
+        reason = self._compare(ref, header, blob, self._exact(seed, shape, gpu))
         if reason:
             raise _Verdict(Status.INCORRECT, f"{what}: {reason}")
         return header
@@ -236,6 +275,7 @@ class Evaluator:
         header, _ = child.recv()
         _raise_on_fail(header, "timing_begin")
         t0 = time.perf_counter()
+        child.send({"cmd": "go"})
         header, blob = child.recv()
         header["parent_wall_s"] = time.perf_counter() - t0
         _raise_on_fail(header, reply)
@@ -253,12 +293,13 @@ class Evaluator:
 
     def _check_timed_outputs(self, res: dict[str, Any], blob: Buffer, seeds: list[int], gpu: int | None) -> None:
         """Outputs of randomly chosen timed repetitions must be right too: work skipped only while timed is caught."""
-        outs = _load_tensors(res, blob)
+        outs = _load_tensors(res, blob, torch.device(self._ref_device(gpu)))
         n_sets, at = max(1, int(res["input_sets"])), 0
         for rep, count in res.get("kept", []):
-            ref = self.reference(seeds[int(rep) % n_sets], 0, gpu)[:int(count)]  # outputs only, not inputs
-            reason = compare_outputs(ref, outs[at:at + int(count)],
-                                     self.problem.allow_tf32, self.problem.atol, self.problem.rtol)
+            seed = seeds[int(rep) % n_sets]
+            ref = self.reference(seed, 0, gpu)[:int(count)]  # outputs only, not inputs
+            reason = compare_outputs(ref, outs[at:at + int(count)], self.problem.allow_tf32, self.problem.atol,
+                                     self.problem.rtol, self._exact(seed, 0, gpu, int(count)))
             at += int(count)
             if reason:
                 raise _Verdict(Status.INCORRECT, f"timed repetition {rep}: {reason}")
@@ -269,13 +310,18 @@ class Evaluator:
         seeds = self._timing_seeds(gpu)
         check_at = sorted(int.from_bytes(os.urandom(2), "little") / 65536 for _ in range(CHECKED_REPS))
         cmd = {"cmd": "time", "seeds": seeds, "shape": 0, "check_at": check_at}
+        self._release_cache(gpu)
         calib, res, blob = self._time_command(child, cmd)
         samples, device_ms = res["samples_ms"], res["device_ms"]
         reps, wall = len(samples), res["parent_wall_s"]
         per_rep_s = calib["parent_wall_s"] / max(calib["reps"], 1)
         reported_s = sum(device_ms) / 1e3
+        memory = res.get("memory") if isinstance(res.get("memory"), dict) else {}
+        if isinstance(memory.get("peak_bytes"), int):
+            details["peak_device_bytes"] = max(details.get("peak_device_bytes", 0), memory["peak_bytes"])
         details.update(reps=reps, input_sets=res["input_sets"], first_call_s=res.get("first_call_s"),
-                       parent_wall_s=wall, reported_s=reported_s)
+                       parent_wall_s=wall, reported_s=reported_s, calibrated_s=calib["parent_wall_s"],
+                       calibrated_reps=calib["reps"], memory=memory)
         if reported_s > wall * 1.05 + 0.01:
             raise _Verdict(Status.REJECTED, f"reported {reported_s:.3f} s of runs inside a {wall:.3f} s window")
         allowed = (WALL_SLACK * reported_s + reps * (LOOP_SLACK * per_rep_s + SYNC_ALLOWANCE_MS[res["method"]] / 1e3)
@@ -293,6 +339,13 @@ class Evaluator:
                 details["side_stream"] = f"work outlived the calling stream by {gap:.3f} ms; timed to device idle"
                 chosen = device_ms
         return Timing.from_samples(chosen, res["method"])
+
+    def _release_cache(self, gpu: int | None) -> None:
+        """Hand the memory this process's allocator keeps from computing references back to the device, so that the
+        child can plan its input sets on it."""
+        if self.config.device == "cuda" and torch.cuda.is_available():
+            with torch.cuda.device(self._ref_device(gpu)):
+                torch.cuda.empty_cache()
 
     # --- baseline -------------------------------------------------------------------------------------------
     def baseline(self, gpu: int | None = None, compiled: bool = True) -> Baseline:
@@ -358,27 +411,42 @@ def _raise_on_fail(header: dict[str, Any], reply: str) -> None:
         raise _Verdict(Status.REJECTED, f"protocol violation: expected {reply!r}, got {str(msg)[:40]!r}")
 
 
-def _load_tensors(header: dict[str, Any], blob: Buffer) -> tuple[torch.Tensor, ...]:
+def _device_of(tensors: tuple) -> torch.device:
+    return next((t.device for t in tensors if isinstance(t, torch.Tensor)), torch.device("cpu"))
+
+
+def _load_tensors(header: dict[str, Any], blob: Buffer, device: torch.device = torch.device("cpu")
+                  ) -> tuple[torch.Tensor, ...]:
     """Tensors from a child's raw bytes, rebuilt from the header's dtypes and shapes: nothing is unpickled, so a
-    forged payload cannot run code in the parent."""
+    forged payload cannot run code in the parent. The bytes come in ``blob``, or stay on the device and come by
+    handle (``shared``), cloned onto ``device`` with their size checked against the allocation."""
+    shared = header.get("shared")
     out, offset = [], 0
     try:
-        for spec in header.get("tensors", []):
+        specs = list(header.get("tensors", []))
+        if shared is not None and (not isinstance(shared, list) or len(shared) != len(specs)):
+            raise ValueError("shared outputs do not match the tensors described")
+        for k, spec in enumerate(specs):
             dtype = getattr(torch, str(spec["dtype"]))
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"not a dtype: {spec['dtype']}")
             shape = [int(d) for d in spec["shape"]]
             size = math.prod(shape) * dtype.itemsize
-            chunk = memoryview(blob)[offset:offset + size]
-            if len(chunk) != size:
-                raise ValueError("payload shorter than its header says")
-            offset += size
-            if not size:
-                flat = torch.empty(0, dtype=torch.uint8)
-            else:  # a writable buffer (a blob read from a file) is used in place; a pipe's bytes are copied once
-                flat = torch.frombuffer(bytearray(chunk) if chunk.readonly else chunk, dtype=torch.uint8)
+            if shared is not None:
+                if int(shared[k]["bytes"]) != size:
+                    raise ValueError("shared output size differs from its shape")
+                flat = devshare.import_bytes(shared[k], device)
+            else:
+                chunk = memoryview(blob)[offset:offset + size]
+                if len(chunk) != size:
+                    raise ValueError("payload shorter than its header says")
+                offset += size
+                if not size:
+                    flat = torch.empty(0, dtype=torch.uint8)
+                else:  # a writable buffer (a blob read from a file) is used in place; a pipe's bytes are copied once
+                    flat = torch.frombuffer(bytearray(chunk) if chunk.readonly else chunk, dtype=torch.uint8)
             out.append(flat.view(dtype).reshape(shape))
-    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError, devshare.DeviceShareError) as e:
         raise _Verdict(Status.REJECTED, f"unreadable output payload: {e}") from e
     if offset != len(blob):
         raise _Verdict(Status.REJECTED, "unreadable output payload: trailing bytes")

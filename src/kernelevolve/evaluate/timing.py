@@ -67,15 +67,18 @@ def warm_up(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
 
 
 def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, reps: int,
-            cfg: TimingConfig = TimingConfig(), warm_calls: int = 0, keep: Sequence[int] = ()) -> TimingRun:
+            cfg: TimingConfig = TimingConfig(), warm_calls: int = 0, keep: Sequence[int] = (),
+            keep_on_host: bool = False, in_place: bool = False) -> TimingRun:
     """Time ``reps`` calls of ``fn``. Before each, outside the timed window, the next input set's values are copied
     into the same buffers (so a cache keyed on pointer, id or version goes stale) and the cache is flushed. The
-    outputs of the repetitions in ``keep`` are cloned and returned, so that timed calls can be checked too."""
+    outputs of the repetitions in ``keep`` are copied (to host memory with ``keep_on_host``) and returned, so that
+    timed calls can be checked too. ``in_place``: the only input set is itself the buffer, refilled from itself (for
+    inputs too large to hold twice; only for ops that leave their inputs alone)."""
     cuda = device.startswith("cuda")
     flush = torch.empty(FLUSH_BYTES["cuda" if cuda else "cpu"], dtype=torch.int8, device=device) if cfg.flush else None
-    live = _LiveInputs(input_sets)
+    live = _LiveInputs(input_sets, in_place)
     loop = _time_cuda if cuda else _time_cpu
-    return loop(fn, live, reps, flush, warm_calls, set(keep))
+    return loop(fn, live, reps, flush, warm_calls, set(keep), keep_on_host)
 
 
 def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str,
@@ -88,24 +91,29 @@ class _LiveInputs:
     """One set of input buffers, refilled from the rotating input sets before each call: the sets themselves are never
     passed to the function, so they stay pristine even when the op mutates its inputs."""
 
-    def __init__(self, input_sets: Sequence[Sequence[Any]]):
+    def __init__(self, input_sets: Sequence[Sequence[Any]], in_place: bool = False):
         self.sets = input_sets
-        self.args = [v.clone() if isinstance(v, torch.Tensor) else v for v in input_sets[0]]
+        if in_place and len(input_sets) == 1:
+            self.args = list(input_sets[0])
+        else:
+            self.args = [v.clone() if isinstance(v, torch.Tensor) else v for v in input_sets[0]]
 
     def load(self, i: int) -> list[Any]:
         for buf, src in zip(self.args, self.sets[i % len(self.sets)]):
-            if isinstance(buf, torch.Tensor):
+            if isinstance(buf, torch.Tensor) and buf is not src:
                 buf.copy_(src)
         return self.args
 
 
-def _kept(out: Any) -> tuple[torch.Tensor, ...]:
+def _kept(out: Any, on_host: bool) -> tuple[torch.Tensor, ...]:
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if on_host:
+        return tuple(o.detach().to("cpu", copy=True) if isinstance(o, torch.Tensor) else o for o in outs)
     return tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs)
 
 
 def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
-               keep: set[int]) -> TimingRun:
+               keep: set[int], keep_on_host: bool = False) -> TimingRun:
     events = [(_Event(enable_timing=True), _Event(enable_timing=True), _Event(enable_timing=True)) for _ in range(reps)]
     kept: dict[int, tuple[torch.Tensor, ...]] = {}
     _sync()
@@ -122,7 +130,9 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
         _sync()
         _record(idle)
         if i in keep:
-            kept[i] = _kept(out)
+            with _no_modes():
+                kept[i] = _kept(out, keep_on_host)
+        del out  # the next call's output may reuse this one's memory
     _sync()
     wall = _perf() - t0
     stream = [_elapsed(s, e) for s, e, _ in events]
@@ -131,7 +141,7 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
 
 
 def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
-              keep: set[int]) -> TimingRun:
+              keep: set[int], keep_on_host: bool = False) -> TimingRun:
     samples, kept = [], {}
     t0 = _perf()
     for i in range(reps):
@@ -143,6 +153,8 @@ def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm
         out = fn(*args)
         samples.append((_perf() - t) * 1e3)
         if i in keep:
-            kept[i] = _kept(out)
+            with _no_modes():
+                kept[i] = _kept(out, keep_on_host)
+        del out
     wall = _perf() - t0
     return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import sys
 import traceback
@@ -17,13 +18,17 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from kernelevolve.evaluate import checks, timing
-from kernelevolve.problem import as_outputs, import_module_from_path, make_inputs, same_values, seed_everything
+from kernelevolve.evaluate import checks, devshare, timing
+from kernelevolve.problem import (as_outputs, import_module_from_path, input_specs, make_inputs, same_values,
+                                 seed_everything)
 
 _no_function_modes = torch._C.DisableTorchFunction
 _no_dispatch_modes = _disable_current_modes
 
 CANDIDATE_MODULE = "ke_candidate"
+# The calibration loop repeats the timed loop's work without the call: as many repetitions, up to this many.
+CALIBRATION_REPS = 200
+CALIBRATION_WARMUP = timing.TimingConfig(budget_ms=0.0, warmup_ms=5.0)
 PROBLEM_MODULE = "ke_problem"
 _perf = timing._perf
 
@@ -183,12 +188,17 @@ class Session:
         self.ghost = False
         self.inputs: list[Any] | None = None
         self.first_call_s: float | None = None
+        self.out_specs: list[tuple[tuple[int, ...], torch.dtype]] | None = None
+        self.call_bytes = 0  # the most device memory a call allocated beyond what it was given
+        self.peak_seen = 0
+        self.exporter = devshare.Exporter()
         self._hook_triton()
 
     def serve(self) -> None:
         self.chan.send({"msg": "hello", "pid": os.getpid()})
         while True:
             cmd = self.chan.recv()
+            self.exporter.release()  # the parent is done with the outputs it was last sent
             if cmd["cmd"] == "done":
                 return
             getattr(self, f"cmd_{cmd['cmd']}")(cmd)
@@ -236,45 +246,103 @@ class Session:
         self._send_outputs(outs, check_types=False)
 
     def cmd_time(self, cmd: dict[str, Any]) -> None:
-        sets = self._input_sets(cmd["seeds"], cmd.get("shape", 0))
+        shape = cmd.get("shape", 0)
+        self.inputs = None  # the last trial's inputs: their memory goes to the input sets
         fn = self.model
         if cmd.get("compiled"):
             t0 = _perf()
             fn = torch.compile(self.model)
             with torch.no_grad():
-                fn(*sets[0])
+                self._learn_outputs(fn(*make_inputs(self.problem, cmd["seeds"][0], shape, self.device)))
             self._sync()
             self.first_call_s = _perf() - t0
+        elif self.out_specs is None:  # a baseline has run no trial: one call tells the outputs' sizes
+            with torch.no_grad():
+                self._learn_outputs(self.model(*make_inputs(self.problem, cmd["seeds"][0], shape, self.device)))
+            self._sync()
+        plan = self._memory_plan(cmd["seeds"], shape)
+        sets = self._input_sets(cmd["seeds"], shape, plan["input_sets"])
+        check_at = cmd.get("check_at", [])
         with torch.no_grad():
-            # The same loop over the same inputs with a no-op: the parent's measure of the loop's own cost.
-            noop = lambda *args: None  # noqa: E731
-            self._timed(noop, sets, timing.TimingConfig(budget_ms=50.0, warmup_ms=5.0, min_reps=20, max_reps=200),
-                        "calibrated")
-            self._timed(fn, sets, self.cfg, "timed", cmd.get("check_at", []))
+            calls, reps = timing.warm_up(fn, sets, self.device, self.cfg)
+            # First the same loop over the same inputs with a stand-in that returns harness-made tensors shaped like
+            # the outputs: every cost of the loop but the call itself (refills, flushes, syncs, the copies of the
+            # checked repetitions), as many repetitions (up to CALIBRATION_REPS) with as many checked. It is the
+            # parent's measure of what the timed loop may cost beyond the times it reports.
+            stand_in = _returning(tuple(torch.empty(shape_, dtype=dtype, device=self.device)
+                                        for shape_, dtype in self.out_specs))
+            warm, _ = timing.warm_up(stand_in, sets, self.device, CALIBRATION_WARMUP)
+            self._timed(stand_in, sets, "calibrated", warm, min(reps, CALIBRATION_REPS), check_at, plan)
+            del stand_in  # and its outputs' memory
+            self._timed(fn, sets, "timed", calls, reps, check_at, plan)
         self._check_tamper("timing")
 
     # --- helpers --------------------------------------------------------------------------------------------
-    def _timed(self, fn: Any, sets: list[list[Any]], cfg: timing.TimingConfig, reply: str,
-               check_at: list[float] = ()) -> None:
-        calls, reps = timing.warm_up(fn, sets, self.device, cfg)
+    def _timed(self, fn: Any, sets: list[list[Any]], reply: str, calls: int, reps: int, check_at: list[float],
+               plan: dict[str, Any]) -> None:
         keep = sorted({min(reps - 1, int(f * reps)) for f in check_at})
         self.chan.send({"msg": "timing_begin", "reps": reps})
-        run = timing.measure(fn, sets, self.device, reps, cfg, calls, keep)
-        kept = [run.kept[i] for i in keep]
-        meta, blob = _encode([o for outs in kept for o in outs])
+        # The loop starts only on the parent's word, so that the parent's clock of it starts first, whatever the
+        # parent was still reading.
+        if self.chan.recv().get("cmd") != "go":
+            raise Fail("runtime_error", "protocol: expected the parent's go before a timed loop")
+        run = timing.measure(fn, sets, self.device, reps, self.cfg, calls, keep, plan["keep_on_host"],
+                             plan["in_place"])
         self.chan.send({"msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
                         "loop_wall_s": run.loop_wall_s, "reps": reps, "warmup_calls": calls, "method": run.method,
-                        "input_sets": len(sets), "first_call_s": self.first_call_s})
-        # Sent apart, so that moving the outputs is not counted in the parent's reading of the timed loop.
-        self.chan.send({"msg": "kept", "tensors": meta, "kept": [[i, len(outs)] for i, outs in zip(keep, kept)]}, blob)
+                        "input_sets": len(sets), "first_call_s": self.first_call_s,
+                        "memory": dict(plan, peak_bytes=self._peak_bytes())})
+        # The checked outputs are encoded and sent only after the header, out of the parent's reading of the loop:
+        # moving them to the host takes seconds for outputs of gigabytes.
+        kept = [run.kept[i] for i in keep]
+        del run
+        if reply == "calibrated":  # the stand-in's outputs: copied like the real ones in the loop, never checked
+            kept = [()] * len(keep)
+        with _harness_only():
+            header, blob = self._pack([o for outs in kept for o in outs])
+        self.chan.send(dict(header, msg="kept", kept=[[i, len(outs)] for i, outs in zip(keep, kept)]), blob)
 
-    def _input_sets(self, seeds: list[int], shape: int) -> list[list[Any]]:
-        """Several input sets to rotate through, as many as fit in a quarter of free memory (at least one)."""
-        first = make_inputs(self.problem, seeds[0], shape, self.device)
-        size = sum(v.numel() * v.element_size() for v in first if isinstance(v, torch.Tensor))
-        free = torch.cuda.mem_get_info()[0] if self.device == "cuda" else 4 << 30
-        n = max(1, min(len(seeds), int(free / 4 // max(size, 1))))
-        return [first] + [make_inputs(self.problem, s, shape, self.device) for s in seeds[1:n]]
+    def _learn_outputs(self, out: Any) -> None:
+        """The shapes and dtypes of what a call returns (not the inputs that a mutating op also hands back)."""
+        self.out_specs = [(tuple(o.shape), o.dtype) for o in as_outputs(out) if isinstance(o, torch.Tensor)]
+
+    def _free_bytes(self) -> int:
+        if self.device == "cuda":  # free on the device, and what this process's allocator holds unused
+            return int(torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
+        try:
+            return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return 4 << 30
+
+    def _peak_bytes(self) -> int | None:
+        """The most device memory this process has held so far (the allocator's peak, kept across its resets)."""
+        if self.device != "cuda":
+            return None
+        self.peak_seen = max(self.peak_seen, int(torch.cuda.max_memory_reserved()))
+        return self.peak_seen
+
+    def _memory_plan(self, seeds: list[int], shape: int) -> dict[str, Any]:
+        """How many input sets to rotate through and where to keep the checked outputs, from what they cost against
+        the memory that is free now: the timed loop needs the live buffers, two outputs at a time (the last and the
+        next), the call's own temporaries (its peak in the trials), the flush buffer and the checked copies."""
+        specs = input_specs(self.problem, seeds[0], shape, self.device)
+        in_bytes = max(1, sum(math.prod(s) * d.itemsize for s, d in filter(None, specs)))
+        out_bytes = sum(math.prod(s) * d.itemsize for s, d in (self.out_specs or []))
+        flush = timing.FLUSH_BYTES["cuda" if self.device == "cuda" else "cpu"]
+        spare = 0.85 * self._free_bytes() - flush - 2 * out_bytes - self.call_bytes
+        kept = min(len(seeds), 2) * out_bytes
+        keep_on_host = spare - kept < 2 * in_bytes
+        if not keep_on_host:
+            spare -= kept
+        # the sets, plus the live buffers they refill (the sets themselves when only one fits and the op leaves its
+        # inputs alone)
+        n = max(1, min(len(seeds), int(spare // in_bytes) - 1))
+        in_place = n == 1 and not self.job.get("mutates_inputs") and spare < 2 * in_bytes
+        return {"input_sets": n, "keep_on_host": bool(keep_on_host), "in_place": bool(in_place),
+                "input_bytes": in_bytes, "output_bytes": out_bytes, "call_bytes": self.call_bytes}
+
+    def _input_sets(self, seeds: list[int], shape: int, n: int) -> list[list[Any]]:
+        return [make_inputs(self.problem, s, shape, self.device) for s in seeds[:max(1, n)]]
 
     def _build(self, module: Any, cls_name: str) -> torch.nn.Module:
         seed_everything(self.job["init_seed"])
@@ -304,6 +372,11 @@ class Session:
 
     def _call(self, inputs: list[Any]) -> tuple[Any, ...]:
         before = [v.clone() if isinstance(v, torch.Tensor) else None for v in inputs]
+        cuda = self.device == "cuda"
+        if cuda:
+            self._peak_bytes()  # before the reset, which clears the peak so far
+            torch.cuda.reset_peak_memory_stats()
+            held = torch.cuda.memory_allocated()
         t0 = _perf()
         try:
             with torch.no_grad():
@@ -311,6 +384,9 @@ class Session:
             self._sync()
         except Exception as e:
             raise Fail(classify(e), _one_line(e), traceback.format_exc())
+        if cuda:
+            self.call_bytes = max(self.call_bytes, torch.cuda.max_memory_allocated() - held)
+        self._learn_outputs(out)
         if self.first_call_s is None:
             self.first_call_s = _perf() - t0
         self._check_tamper("call")
@@ -337,9 +413,22 @@ class Session:
                 if o.device.type != torch.device(self.device).type:
                     raise Fail("incorrect", f"output {i} is on {o.device}, expected {self.device}")
         with _harness_only():
-            meta, blob = _encode(list(outs))
-        self.chan.send({"msg": "output", "launches": self.launches, "first_call_s": self.first_call_s,
-                        "tensors": meta}, blob)
+            header, blob = self._pack(list(outs))
+        self.chan.send(dict(header, msg="output", launches=self.launches, first_call_s=self.first_call_s,
+                            peak_bytes=self._peak_bytes()), blob)
+
+    def _pack(self, outs: list[Any]) -> tuple[dict[str, Any], Any]:
+        """The outputs as a header and a blob of their bytes; large outputs on the GPU stay on the device, sent by
+        handle (devshare), unless the driver refuses, when they take the host path."""
+        meta, tensors = _describe(outs)
+        min_bytes = self.job.get("share_min_bytes")
+        if self.device == "cuda" and min_bytes is not None and sum(t.numel() * t.element_size()
+                                                                   for t in tensors) >= min_bytes:
+            try:
+                return {"tensors": meta, "shared": self.exporter.export(tensors)}, b""
+            except devshare.DeviceShareError as e:
+                print(f"kernelevolve: outputs take the host path: {e}", file=sys.stderr)
+        return {"tensors": meta}, _encode(outs)[1]
 
     def _check_tamper(self, when: str) -> None:
         changed = checks.tampered(self.timers)
@@ -392,6 +481,15 @@ def _harness_only() -> Iterator[None]:
     """The harness's own comparisons and copies, with the candidate's __torch_function__ and dispatch modes off."""
     with _no_function_modes(), _no_dispatch_modes():
         yield
+
+
+def _returning(value: Any) -> Any:
+    return lambda *args: value
+
+
+def _describe(outs: list[Any]) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
+    tensors = [o.detach() for o in outs if type(o) is torch.Tensor]
+    return [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors], tensors
 
 
 def _encode(outs: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
