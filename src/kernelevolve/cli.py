@@ -136,8 +136,11 @@ def _print_outcome(console: Any, outcome: Any, db: str) -> None:
     if b is not None:
         console.print(f"reference: eager {_fmt_ms(b.eager.median_ms if b.eager else None)}, torch.compile "
                       f"{_fmt_ms(b.compiled.median_ms if b.compiled else None)}", markup=False)
+    if outcome.phases:
+        console.print("time: " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s"
+                                           for k, v in outcome.phases.items()), markup=False)
     if best is None:
-        console.print("no candidate was verified; no best.py written", markup=False)
+        console.print(outcome.best_why, markup=False)
     elif best.timed and b is not None and b.eager is not None and best.runtime_ms > b.eager.median_ms:
         console.print(f"no candidate beat eager (the fastest took {_fmt_ms(best.runtime_ms)}, "
                       f"{_fmt_x(best.speedup_eager)} vs eager): best.py is the reference itself", markup=False)
@@ -362,7 +365,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from kernelevolve.store import Store
 
     store = Store(args.db)
-    files = write_outputs(store, store.run(args.run)["id"], Path(args.out))
+    files, why = write_outputs(store, store.run(args.run)["id"], Path(args.out))
+    print(why)
     for name, path in files.items():
         print(f"{name}: {path}")
     return EXIT_OK

@@ -5,9 +5,10 @@ import json
 import logging
 import platform
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -59,6 +60,8 @@ class RunOutcome:
     baseline: Baseline | None
     best_result: Result | None
     files: dict[str, Path] = field(default_factory=dict)
+    best_why: str = ""  # one line: why best.py is what it is
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: profile, baseline, search
 
 
 def default_device() -> str:
@@ -134,20 +137,27 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
               on_stage: Callable[[str], None]) -> RunOutcome:
     run_id = run["id"]
     proposers = make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)
+    phases = dict(run.get("phases") or {})  # seconds; a resumed run keeps its earlier profile and baseline times
     profile = run.get("profile")
     if profile is None and cfg.profile and here(cfg) != cfg.device:
         log.warning("no profile: the reference runs on %s workers, and this machine has no %s", cfg.device, cfg.device)
     elif profile is None and cfg.profile:
         on_stage("profiling the reference")
+        t0 = time.monotonic()
         profile = _profile(problem, cfg.device)
+        phases["profile_s"] = round(time.monotonic() - t0, 3)
         if profile is not None:
             store.update_run(run_id, profile=_json(profile))
     baseline = Baseline.from_json(_json(run["baseline"])) if run.get("baseline") else None
     if baseline is None:
         on_stage("timing the reference: eager and torch.compile")
+        t0 = time.monotonic()
         baseline = pool.baseline()
+        phases["baseline_s"] = round(time.monotonic() - t0, 3)
         store.update_run(run_id, baseline=baseline.to_json())
+    store.update_run(run_id, phases=_json(phases))
     on_stage("searching")
+    t0 = time.monotonic()
     try:
         outcome = run_search(store, run_id, problem, cfg.device, run["device_key"], pool,
                              proposers, make_selector(cfg.selector),
@@ -158,11 +168,14 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
         pool.shutdown(wait=False)
         raise
     pool.shutdown()
-    store.update_run(run_id, status="finished", finished=now(), stop_reason=outcome.stop_reason)
+    phases["search_s"] = round(phases.get("search_s", 0.0) + time.monotonic() - t0, 3)
+    if outcome.first_proposal_s is not None:
+        phases["first_proposal_s"] = outcome.first_proposal_s
+    store.update_run(run_id, status="finished", finished=now(), stop_reason=outcome.stop_reason, phases=_json(phases))
     store.record_experience(run_id)
     best = outcome.best["result"].with_baseline(baseline) if outcome.best else None
-    files = write_outputs(store, run_id, out_dir)
-    return RunOutcome(run_id, outcome, baseline, best, files)
+    files, why = write_outputs(store, run_id, out_dir)
+    return RunOutcome(run_id, outcome, baseline, best, files, why, phases)
 
 
 def _json(value: Any) -> str:
@@ -199,7 +212,8 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
             "eager_ms": baseline.eager.median_ms if baseline.eager else None,
             "compile_ms": baseline.compiled.median_ms if baseline.compiled else None,
             "compile_s": baseline.compile_s, "error": baseline.error},
-        "best": _best_view(best, why, baseline, problem["source"]),
+        "best": _best_view(best, why, baseline, problem["source"], history, run.get("stop_reason")),
+        "phases": run.get("phases") or {},
         "nodes": nodes,
         "llm_usage": store.llm_usage(run["id"]),
         "approvals": store.approvals(run["id"]),
@@ -215,10 +229,31 @@ class ModelNew(Model):
 '''
 
 
-def _best_view(best: dict[str, Any] | None, why: str, baseline: Baseline | None, source: str) -> dict[str, Any]:
-    """The best node, or the reference itself when the fastest verified candidate is slower than eager."""
+REFERENCE_UNVERIFIED = '''"""The reference itself: {why}."""
+{source}
+
+
+class ModelNew(Model):
+    pass
+'''
+
+
+def _best_view(best: dict[str, Any] | None, why: str, baseline: Baseline | None, source: str,
+               history: Sequence[dict[str, Any]] = (), stop_reason: str | None = None) -> dict[str, Any]:
+    """The best node, or the reference itself when no candidate was verified or the fastest is slower than eager:
+    every run answers with a kernel, and says why in one line."""
     if best is None:
-        return {"node": None, "source": "", "why": why}
+        judged = [n for n in history if n["result"] is not None]
+        if judged:
+            counts: dict[str, int] = {}
+            for n in judged:
+                counts[n["result"].status.value] = counts.get(n["result"].status.value, 0) + 1
+            what = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+            why = f"no candidate was verified ({len(judged)} evaluated: {what})"
+        else:
+            why = "no candidate was evaluated" + (f" (stopped: {stop_reason})" if stop_reason else "")
+        return {"node": None, "reference": True, "why": f"{why}: best.py is the reference itself",
+                "source": REFERENCE_UNVERIFIED.format(why=why, source=source.rstrip())}
     eager = baseline.eager.median_ms if baseline is not None and baseline.eager else None
     r = best["result"]
     if eager is not None and r.timed and r.runtime_ms is not None and r.runtime_ms > eager:
@@ -246,17 +281,17 @@ def _reason(r: Result | None) -> str:
     return f"{r.reason}; SUSPECT: {suspect}" if suspect else r.reason
 
 
-def write_outputs(store: Store, run_id: int, out_dir: Path) -> dict[str, Path]:
-    """Write best.py (when a candidate was verified) and report.html into ``out_dir``."""
+def write_outputs(store: Store, run_id: int, out_dir: Path) -> tuple[dict[str, Path], str]:
+    """Write best.py (the best verified candidate, else the reference itself) and report.html into ``out_dir``;
+    return the files and the one line that says why best.py is what it is."""
     out_dir.mkdir(parents=True, exist_ok=True)
     view = report_view(store, run_id)
     files = {"report": write_report(view, out_dir / "report.html")}
     best = view["best"]
-    if best and best.get("source"):
-        path = out_dir / "best.py"
-        path.write_text(best["source"])
-        files["best"] = path
-    return files
+    path = out_dir / "best.py"
+    path.write_text(best["source"])
+    files["best"] = path
+    return files, best["why"]
 
 
 __all__ = ["OptimizeConfig", "RunOutcome", "StoreError", "default_device", "optimize", "report_view",

@@ -84,8 +84,19 @@ def _header(view: dict) -> str:
     return (f"<h1>{_e(problem.get('name') or 'problem')}: run {_e(run.get('id'))}</h1>"
             f'<p class="meta">device {_e(run.get("device"))} · status {_e(run.get("status"))} · '
             f"created {_e(run.get('created'))} · finished {_e(run.get('finished') or NONE)}<br>{versions}<br>"
-            f"problem {_e(problem.get('path'))} · sha {_e((problem.get('sha') or '')[:12])}</p>"
+            f"problem {_e(problem.get('path'))} · sha {_e((problem.get('sha') or '')[:12])}<br>"
+            f"stopped: {_e(run.get('stop_reason') or NONE)} · {_e(_phases(view.get('phases') or {}))}</p>"
             f"<details><summary>config</summary>{_code(config)}</details>")
+
+
+PHASE_NAMES = {"profile_s": "profile", "baseline_s": "baselines", "first_proposal_s": "first proposal",
+               "search_s": "search"}
+
+
+def _phases(phases: dict) -> str:
+    """Where the run's time went; the search budget counts from the first proposal on."""
+    parts = [f"{PHASE_NAMES.get(k, k)} {v:.1f} s" for k, v in phases.items() if isinstance(v, (int, float))]
+    return "time: " + ", ".join(parts) if parts else "time: not recorded"
 
 
 def _card(value: str, label: str) -> str:

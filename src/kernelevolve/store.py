@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS problems (
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, problem_sha TEXT NOT NULL REFERENCES problems(sha), device TEXT NOT NULL,
     device_key TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL, created TEXT NOT NULL, finished TEXT,
-    profile TEXT, baseline TEXT, versions TEXT, stop_reason TEXT);
+    profile TEXT, baseline TEXT, versions TEXT, stop_reason TEXT, phases TEXT);
 CREATE TABLE IF NOT EXISTS candidates (
     id INTEGER PRIMARY KEY, problem_sha TEXT NOT NULL, device_key TEXT NOT NULL, sha TEXT NOT NULL,
     source TEXT NOT NULL, language TEXT NOT NULL, created TEXT NOT NULL, UNIQUE (problem_sha, device_key, sha));
@@ -80,11 +80,18 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        self._add_missing_columns()
         self.db.commit()
         self._backfill_experience()
 
     def close(self) -> None:
         self.db.close()
+
+    def _add_missing_columns(self) -> None:
+        """Columns added since a store was made: a store written by an earlier version opens with them empty."""
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
+        if "phases" not in have:
+            self.db.execute("ALTER TABLE runs ADD COLUMN phases TEXT")
 
     def _write(self, sql: str, args: tuple[Any, ...] = ()) -> int:
         with self.db:
@@ -101,7 +108,7 @@ class Store:
             (problem.sha, device, device_key, json.dumps(config), "running", now(), json.dumps(versions)))
 
     def update_run(self, run_id: int, **fields: Any) -> None:
-        allowed = {"status", "finished", "profile", "baseline", "stop_reason"}
+        allowed = {"status", "finished", "profile", "baseline", "stop_reason", "phases"}
         if not fields or set(fields) - allowed:
             raise StoreError(f"cannot update run fields {sorted(set(fields) - allowed)}")
         cols = ", ".join(f"{k} = ?" for k in fields)
@@ -118,7 +125,7 @@ class Store:
         if row is None:
             raise StoreError(f"no run {run_id!r} in {self.path}")
         d = dict(row)
-        for key in ("config", "profile", "baseline", "versions"):
+        for key in ("config", "profile", "baseline", "versions", "phases"):
             d[key] = json.loads(d[key]) if d.get(key) else None
         return d
 

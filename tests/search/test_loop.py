@@ -1,4 +1,5 @@
 """run_search with a fake pool and a fake proposer: stop conditions, dedup and cache, resume, selection, suspects."""
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -136,13 +137,32 @@ def test_stops_on_stall(store, problem):
     assert out.best["result"].runtime_ms == 4.0
 
 
-def test_time_budget_zero_stops_immediately(store, problem):
+def test_time_budget_zero_still_buys_the_first_evaluation(store, problem):
     run_id = new_run(store, problem)
-    pool, proposer = FakePool(), FakeProposer([src("a", 5.0)])
+    pool, proposer = FakePool(), FakeProposer([src("a", 5.0), src("b", 4.0)])
     out = search(store, run_id, problem, proposer, pool, max_evals=10, time_budget_s=0)
     assert "time-budget 0 s" in out.stop_reason
-    assert out.evaluations == 0 and pool.submitted == [] and proposer.calls == []
-    assert out.best is None and store.nodes(run_id) == []
+    assert out.evaluations == 1 and pool.submitted == [src("a", 5.0)]
+    assert out.best is not None and out.best["result"].runtime_ms == 5.0
+
+
+class SlowFirstProposer(FakeProposer):
+    """Takes 0.6 s over its first answer, as a graph capture of a large reference can."""
+
+    def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
+        if not self.calls:
+            time.sleep(0.6)
+        return super().propose(ctx, n)
+
+
+def test_time_budget_counts_from_the_first_proposal(store, problem):
+    run_id = new_run(store, problem)
+    pool = FakePool(workers=2)
+    proposer = SlowFirstProposer([src(f"c{i}", 5.0 - 0.1 * i) for i in range(4)])
+    out = search(store, run_id, problem, proposer, pool, max_evals=10, time_budget_s=0.3)
+    assert out.first_proposal_s is not None and out.first_proposal_s >= 0.6
+    assert out.evaluations >= 2  # the first batch, asked for before the clock started, is all evaluated
+    assert "time-budget 0.3 s" in out.stop_reason or out.stop_reason == "the proposers have nothing left to try"
 
 
 def test_same_source_twice_is_evaluated_once(store, problem):

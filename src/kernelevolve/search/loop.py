@@ -44,7 +44,7 @@ def rank_experience(entries: list[dict[str, Any]], profile: dict[str, Any] | Non
 @dataclass(frozen=True)
 class SearchConfig:
     max_evals: int = 20
-    time_budget_s: float | None = None
+    time_budget_s: float | None = None  # counted from the first proposal, so that it buys evaluations
     target_speedup: float | None = None  # against eager
     stall: int | None = 10  # evaluations without a new best
     pipeline: bool = True  # ask for the next batch while every worker is busy, rather than when one is free
@@ -56,6 +56,7 @@ class SearchOutcome:
     evaluations: int
     best: dict[str, Any] | None
     best_why: str
+    first_proposal_s: float | None = None  # from the start of the search to the first candidates in hand
 
 
 OnResult = Callable[[dict[str, Any], Result], None]
@@ -84,7 +85,8 @@ class _Loop:
         self.queue: deque[Candidate] = deque()
         self.in_flight: dict[Future[Result], dict[str, Any]] = {}
         self.exhausted = False
-        self.start = time.monotonic()
+        self.began = time.monotonic()
+        self.start: float | None = None  # the budget's clock: set when the first candidates are in hand
         best, _ = best_node(self.history)
         self.best_ms = best["result"].runtime_ms if best and best["result"].timed else math.inf
         self.since_best = 0
@@ -97,7 +99,10 @@ class _Loop:
         cfg = self.cfg
         if self.evaluated + len(self.in_flight) >= cfg.max_evals:
             return f"reached --max-evals {cfg.max_evals}"
-        if cfg.time_budget_s is not None and time.monotonic() - self.start >= cfg.time_budget_s:
+        # The budget buys search: its clock starts with the first proposal, and it never ends a search before the
+        # first evaluation.
+        if cfg.time_budget_s is not None and self.start is not None and self.evaluated + len(self.in_flight) > 0 \
+                and time.monotonic() - self.start >= cfg.time_budget_s:
             return f"reached --time-budget {cfg.time_budget_s:g} s"
         if cfg.target_speedup is not None and self.best_speedup() >= cfg.target_speedup:
             return f"reached the target speedup {cfg.target_speedup:g}x"
@@ -139,6 +144,8 @@ class _Loop:
         """Queue the finished proposal's candidates (a proposer's exception ends the search, as it would inline)."""
         fut, self.proposing = self.proposing, None
         cands = fut.result()
+        if self.start is None:
+            self.start = time.monotonic()
         recorded, partial = self.asked_at
         if cands:
             self.empty_at = None
@@ -262,7 +269,8 @@ class _Loop:
                 node = self.in_flight.pop(fut)
                 self._record(node, fut.result().with_baseline(self.baseline))
         best, why = best_node(self.history)
-        return SearchOutcome(reason or "stopped", self.evaluated, best, why)
+        first = None if self.start is None else round(self.start - self.began, 3)
+        return SearchOutcome(reason or "stopped", self.evaluated, best, why, first)
 
 
 def run_search(store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: Any,
