@@ -1,0 +1,66 @@
+"""bench/kernelbench.py: problem selection, a judge-only pass that appends rows and resumes, and fast_p."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import kernelbench  # noqa: E402
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """A KernelBench-shaped folder holding the project's own small problems (KernelBench's stay where they are)."""
+    level = tmp_path / "kb" / "level1"
+    level.mkdir(parents=True)
+    scale = (ROOT / "tests" / "cheats" / "problem_scale.py").read_text()
+    (level / "2_Scale.py").write_text(scale)
+    (level / "10_Scale_again.py").write_text(scale.replace("DIM = 128", "DIM = 96"))
+    (level / "1_Broken.py").write_text("raise RuntimeError('not a problem')\n")
+    return tmp_path / "kb"
+
+
+def test_problems_are_chosen_in_numeric_order_and_by_name(corpus):
+    every = kernelbench.select_problems(corpus, [1], None)
+    assert [p.stem for p in every] == ["1_Broken", "2_Scale", "10_Scale_again"]
+    assert [p.stem for p in kernelbench.select_problems(corpus, [1], ["10", "level1/2_Scale"])] == \
+           ["10_Scale_again", "2_Scale"]
+    with pytest.raises(kernelbench.KernelBenchError):
+        kernelbench.select_problems(corpus, [1], ["99_None"])
+
+
+def test_judge_only_pass_appends_rows_and_resumes(corpus, tmp_path):
+    out = tmp_path / "kb.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "kernelbench.py"), "--root", str(corpus), "--judge-only",
+           "--device", "cpu", "--json", str(out), "--out-dir", str(tmp_path / "work"), "--timing-budget-ms", "20",
+           "--max-eager-ms", "0"]
+    first = subprocess.run(cmd + ["--problems", "1_Broken", "2_Scale"], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    rows = {r["problem"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["level1/1_Broken"]["status"] == "error" and "not a problem" in rows["level1/1_Broken"]["error"]
+    scale = rows["level1/2_Scale"]
+    assert scale["eager_status"] == "ok" and scale["eager_ms"] > 0 and scale["eager_judge_s"] > 0
+    assert scale["compile_status"] == "skipped" and "--max-eager-ms 0" in scale["compile_reason"]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 already in" in again.stdout and "1 to run" in again.stdout
+    data = json.loads(out.read_text())
+    assert [r["problem"] for r in data["rows"]] == ["level1/1_Broken", "level1/2_Scale", "level1/10_Scale_again"]
+    assert data["summary"]["genuine_failed"] == 0 and data["summary"]["errors"] == 1
+
+
+def test_fast_p_counts_correct_kernels_over_all_problems():
+    rows = [{"mode": "optimize", "correct": True, "speedup_eager": 2.0, "speedup_compile": 0.8},
+            {"mode": "optimize", "correct": True, "speedup_eager": 0.5, "speedup_compile": 1.5},
+            {"mode": "optimize", "correct": False, "speedup_eager": None, "speedup_compile": None},
+            {"mode": "optimize", "status": "error"}]
+    s = kernelbench.summarize(rows)
+    assert s["correct"] == 0.5
+    assert s["fast_0_eager"] == 0.5 and s["fast_1_eager"] == 0.25 and s["fast_1_compile"] == 0.25
+    assert s["geomean_speedup_eager"] == pytest.approx(1.0)
