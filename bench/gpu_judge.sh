@@ -14,7 +14,7 @@ for step in ${STEPS:-tests kernelbench}; do
   case "$step" in
     tests)
       # shellcheck disable=SC2086
-      python3 -m pytest -q -m gpu ${TESTS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+      python3 -m pytest -v -m gpu ${TESTS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASS|FAIL|ERROR|passed|failed|Fatal" | tail -40 ;;
     kernelbench)
       [ -n "${KB_JSON:-}" ] && [ -f "$KB_JSON" ] && cp "$KB_JSON" "$OUT/kernelbench.json"
       # shellcheck disable=SC2086

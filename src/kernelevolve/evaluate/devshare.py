@@ -26,7 +26,8 @@ class DeviceShareError(Exception):
 
 
 class _Handle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * HANDLE_SIZE)]
+    # unsigned bytes: a c_char array reads back as bytes cut at the first NUL
+    _fields_ = [("reserved", ctypes.c_ubyte * HANDLE_SIZE)]
 
 
 _LOCK = threading.Lock()
@@ -88,7 +89,7 @@ class Exporter:
                     _as_tensor(ptr.value, flat.numel(), flat.device).copy_(flat)
                 handle = _Handle()
                 _check(lib.cuIpcGetMemHandle(ctypes.byref(handle), ptr.value), "cuIpcGetMemHandle")
-                specs.append({"handle": bytes(handle.reserved).ljust(HANDLE_SIZE, b"\0").hex(),
+                specs.append({"handle": ctypes.string_at(ctypes.addressof(handle), HANDLE_SIZE).hex(),
                               "bytes": int(flat.numel())})
             torch.cuda.synchronize()
         except DeviceShareError:
@@ -117,7 +118,7 @@ def import_bytes(spec: dict[str, Any], device: torch.device) -> torch.Tensor:
     with torch.cuda.device(device):
         torch.cuda.current_stream(device).synchronize()  # the device's primary context is current on this thread
         handle = _Handle()
-        ctypes.memmove(handle.reserved, raw, HANDLE_SIZE)
+        ctypes.memmove(ctypes.addressof(handle), raw, HANDLE_SIZE)
         ptr = ctypes.c_uint64()
         _check(lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle, LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle")
         try:
