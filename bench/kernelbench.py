@@ -106,6 +106,8 @@ def judge_problem(path: Path, args: argparse.Namespace, device: str) -> dict[str
                         f"{key}_judge_s": round(r.wall_s or 0.0, 2), f"{key}_phases_s": r.details.get("phases_s"),
                         f"{key}_peak_device_bytes": r.details.get("peak_device_bytes"),
                         f"{key}_input_sets": r.details.get("input_sets")})
+            if not r.ok:
+                row[f"{key}_log"] = (r.error or r.log or "")[-800:]
             if memory.get("input_bytes") is not None:
                 row.setdefault("input_bytes", memory["input_bytes"])
                 row.setdefault("output_bytes", memory["output_bytes"])

@@ -30,7 +30,7 @@ def test_genuine_candidates_of_several_gb_are_ok(new_evaluator, candidate, large
     cand = candidate("large_genuine") if kind == "torch" else Candidate(
         render(large_problem.read_text(), {}, "default"), proposer="inductor", language="inductor")
     r = ev.evaluate(cand)
-    assert r.status is Status.OK, (r.reason, r.error, r.details)
+    assert r.status is Status.OK, (r.reason, r.error, r.details, r.log[-2000:])
     assert r.timed and r.timing.method == "cuda-events"
     assert r.details["memory"]["input_bytes"] == GB_ELEMENTS * 4
     assert r.details["peak_device_bytes"] >= 2 * GB_ELEMENTS * 4

@@ -289,7 +289,8 @@ class Evaluator:
         res, _ = self._timed(child, "timed")
         kept, blob = child.recv()
         _raise_on_fail(kept, "kept")
-        return calib, dict(res, tensors=kept.get("tensors", []), kept=kept.get("kept", [])), blob
+        outputs = {k: kept[k] for k in ("tensors", "kept", "shared") if k in kept}
+        return calib, dict(res, **{"tensors": [], "kept": [], **outputs}), blob
 
     def _check_timed_outputs(self, res: dict[str, Any], blob: Buffer, seeds: list[int], gpu: int | None) -> None:
         """Outputs of randomly chosen timed repetitions must be right too: work skipped only while timed is caught."""

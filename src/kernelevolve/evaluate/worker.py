@@ -329,7 +329,10 @@ class Session:
         in_bytes = max(1, sum(math.prod(s) * d.itemsize for s, d in filter(None, specs)))
         out_bytes = sum(math.prod(s) * d.itemsize for s, d in (self.out_specs or []))
         flush = timing.FLUSH_BYTES["cuda" if self.device == "cuda" else "cpu"]
-        spare = 0.85 * self._free_bytes() - flush - 2 * out_bytes - self.call_bytes
+        # the parent computes references and compares on the same device while the child holds its sets: leave it
+        # one input set and a few outputs' worth
+        parent = in_bytes + 3 * out_bytes if self.device == "cuda" else 0
+        spare = 0.85 * self._free_bytes() - flush - 2 * out_bytes - self.call_bytes - parent
         kept = min(len(seeds), 2) * out_bytes
         keep_on_host = spare - kept < 2 * in_bytes
         if not keep_on_host:
