@@ -68,11 +68,11 @@ def select_problems(root: Path, levels: list[int], names: list[str] | None) -> l
 # --- judge-only: the three baselines as candidates ----------------------------------------------------------------------
 def baseline_candidates(source: str) -> dict[str, Any]:
     from kernelevolve.candidate import Candidate
-    from kernelevolve.optimize import REFERENCE_CANDIDATE
+    from kernelevolve.optimize import reference_candidate
     from kernelevolve.propose.inductor import SEEDS, render
 
     seeds = dict(SEEDS)
-    return {"eager": Candidate(REFERENCE_CANDIDATE.format(source=source.rstrip()), proposer="reference"),
+    return {"eager": Candidate(reference_candidate(source, "the eager baseline"), proposer="reference"),
             "compile": Candidate(render(source, seeds["default"], "default"), proposer="inductor",
                                  language="inductor"),
             "max_autotune": Candidate(render(source, seeds[MAX_AUTOTUNE], MAX_AUTOTUNE), proposer="inductor",

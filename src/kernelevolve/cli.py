@@ -470,7 +470,7 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     p.add_argument("--proposer", default="template,inductor",
                    help="comma-separated proposer names: template, inductor (default: template,inductor)")
     p.add_argument("--max-evals", type=int, default=20)
-    p.add_argument("--time-budget", type=float, help="seconds of search")
+    p.add_argument("--time-budget", type=float, help="seconds of search, counted from the first proposal")
     p.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")
     p.add_argument("--stall", type=int, default=10, help="stop after this many evaluations without a new best (0: never)")
     p.add_argument("--workers", type=int, help="parallel evaluations (default: one per GPU, 1 on CPU; with Ray: the "

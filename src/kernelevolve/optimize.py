@@ -220,7 +220,7 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
     }
 
 
-REFERENCE_CANDIDATE = '''"""The reference itself: no candidate of this run beat eager PyTorch on this device."""
+REFERENCE_CANDIDATE = '''"""The reference itself: {why}."""
 {source}
 
 
@@ -229,13 +229,12 @@ class ModelNew(Model):
 '''
 
 
-REFERENCE_UNVERIFIED = '''"""The reference itself: {why}."""
-{source}
+UNBEATEN = "no candidate of this run beat eager PyTorch on this device"
 
 
-class ModelNew(Model):
-    pass
-'''
+def reference_candidate(source: str, why: str = UNBEATEN) -> str:
+    """A candidate file that is the problem's reference itself (``class ModelNew(Model)``)."""
+    return REFERENCE_CANDIDATE.format(why=why, source=source.rstrip())
 
 
 def _best_view(best: dict[str, Any] | None, why: str, baseline: Baseline | None, source: str,
@@ -253,11 +252,11 @@ def _best_view(best: dict[str, Any] | None, why: str, baseline: Baseline | None,
         else:
             why = "no candidate was evaluated" + (f" (stopped: {stop_reason})" if stop_reason else "")
         return {"node": None, "reference": True, "why": f"{why}: best.py is the reference itself",
-                "source": REFERENCE_UNVERIFIED.format(why=why, source=source.rstrip())}
+                "source": reference_candidate(source, why)}
     eager = baseline.eager.median_ms if baseline is not None and baseline.eager else None
     r = best["result"]
     if eager is not None and r.timed and r.runtime_ms is not None and r.runtime_ms > eager:
-        return {"node": None, "reference": True, "source": REFERENCE_CANDIDATE.format(source=source.rstrip()),
+        return {"node": None, "reference": True, "source": reference_candidate(source),
                 "why": f"no candidate beat eager ({eager:.4g} ms; the fastest took {r.runtime_ms:.4g} ms, node "
                        f"{best['id']}): best.py is the reference itself"}
     return {"node": best["id"], "source": best["source"], "why": why}
