@@ -15,7 +15,7 @@ CHEATS = Path(__file__).resolve().parents[1] / "cheats"
 def test_large_genuine_candidate_is_ok_and_timed(new_evaluator, candidate):
     """256 MB in and 256 MB out: every cost of the timed loop that grows with the data (refills, checked copies,
     moving those copies out) is covered by the calibration, or kept out of the parent's window."""
-    ev = new_evaluator("problem_large.py", timing=TimingConfig(budget_ms=200.0, warmup_ms=20.0, max_reps=20))
+    ev = new_evaluator("problem_large.py", trials=1, timing=TimingConfig(budget_ms=100.0, warmup_ms=20.0, max_reps=10))
     r = ev.evaluate(candidate("large_genuine"))
     assert r.status is Status.OK, (r.reason, r.error)
     assert r.timed and r.timing is not None

@@ -27,7 +27,7 @@ _no_dispatch_modes = _disable_current_modes
 
 CANDIDATE_MODULE = "ke_candidate"
 # The calibration loop repeats the timed loop's work without the call: as many repetitions, up to this many.
-CALIBRATION_REPS = 200
+CALIBRATION_REPS = 50
 CALIBRATION_WARMUP = timing.TimingConfig(budget_ms=0.0, warmup_ms=5.0)
 PROBLEM_MODULE = "ke_problem"
 _perf = timing._perf
