@@ -256,8 +256,8 @@ class Evaluator:
                      seed: int | None = None, details: dict[str, Any] | None = None) -> dict[str, Any]:
         seed = fresh_seed() if seed is None else seed
         header, blob, ref = self._output(child, {"cmd": cmd, "seed": seed, "shape": shape}, gpu)
-        if details is not None and isinstance(header.get("peak_bytes"), int):
-            details["peak_device_bytes"] = max(details.get("peak_device_bytes", 0), header["peak_bytes"])
+        if details is not None:
+            _note_peak(details, header.get("peak_bytes"))
         reason = self._compare(ref, header, blob, self._exact(seed, shape, gpu))
         if reason:
             raise _Verdict(Status.INCORRECT, f"{what}: {reason}")
@@ -318,8 +318,7 @@ class Evaluator:
         per_rep_s = calib["parent_wall_s"] / max(calib["reps"], 1)
         reported_s = sum(device_ms) / 1e3
         memory = res.get("memory") if isinstance(res.get("memory"), dict) else {}
-        if isinstance(memory.get("peak_bytes"), int):
-            details["peak_device_bytes"] = max(details.get("peak_device_bytes", 0), memory["peak_bytes"])
+        _note_peak(details, memory.get("peak_bytes"))
         details.update(reps=reps, input_sets=res["input_sets"], first_call_s=res.get("first_call_s"),
                        parent_wall_s=wall, reported_s=reported_s, calibrated_s=calib["parent_wall_s"],
                        calibrated_reps=calib["reps"], memory=memory)
@@ -410,6 +409,12 @@ def _raise_on_fail(header: dict[str, Any], reply: str) -> None:
         raise _Verdict(status, str(header.get("reason", ""))[:500], str(header.get("error", ""))[-8000:])
     if msg != reply:
         raise _Verdict(Status.REJECTED, f"protocol violation: expected {reply!r}, got {str(msg)[:40]!r}")
+
+
+def _note_peak(details: dict[str, Any], peak: Any) -> None:
+    """Keep the largest device memory the child reported holding (informational: the child could misreport it)."""
+    if isinstance(peak, int):
+        details["peak_device_bytes"] = max(details.get("peak_device_bytes", 0), peak)
 
 
 def _device_of(tensors: tuple) -> torch.device:

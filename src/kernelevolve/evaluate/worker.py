@@ -26,10 +26,10 @@ _no_function_modes = torch._C.DisableTorchFunction
 _no_dispatch_modes = _disable_current_modes
 
 CANDIDATE_MODULE = "ke_candidate"
+PROBLEM_MODULE = "ke_problem"
 # The calibration loop repeats the timed loop's work without the call: as many repetitions, up to this many.
 CALIBRATION_REPS = 50
 CALIBRATION_WARMUP = timing.TimingConfig(budget_ms=0.0, warmup_ms=5.0)
-PROBLEM_MODULE = "ke_problem"
 _perf = timing._perf
 
 
@@ -248,18 +248,15 @@ class Session:
     def cmd_time(self, cmd: dict[str, Any]) -> None:
         shape = cmd.get("shape", 0)
         self.inputs = None  # the last trial's inputs: their memory goes to the input sets
-        fn = self.model
-        if cmd.get("compiled"):
+        compiled = bool(cmd.get("compiled"))
+        fn = torch.compile(self.model) if compiled else self.model
+        if compiled or self.out_specs is None:  # a baseline has run no trial: one call tells the outputs' sizes
             t0 = _perf()
-            fn = torch.compile(self.model)
             with torch.no_grad():
                 self._learn_outputs(fn(*make_inputs(self.problem, cmd["seeds"][0], shape, self.device)))
             self._sync()
-            self.first_call_s = _perf() - t0
-        elif self.out_specs is None:  # a baseline has run no trial: one call tells the outputs' sizes
-            with torch.no_grad():
-                self._learn_outputs(self.model(*make_inputs(self.problem, cmd["seeds"][0], shape, self.device)))
-            self._sync()
+            if compiled:
+                self.first_call_s = _perf() - t0
         plan = self._memory_plan(cmd["seeds"], shape)
         sets = self._input_sets(cmd["seeds"], shape, plan["input_sets"])
         check_at = cmd.get("check_at", [])
@@ -326,8 +323,8 @@ class Session:
         the memory that is free now: the timed loop needs the live buffers, two outputs at a time (the last and the
         next), the call's own temporaries (its peak in the trials), the flush buffer and the checked copies."""
         specs = input_specs(self.problem, seeds[0], shape, self.device)
-        in_bytes = max(1, sum(math.prod(s) * d.itemsize for s, d in filter(None, specs)))
-        out_bytes = sum(math.prod(s) * d.itemsize for s, d in (self.out_specs or []))
+        in_bytes = max(1, _spec_bytes(filter(None, specs)))
+        out_bytes = _spec_bytes(self.out_specs or [])
         flush = timing.FLUSH_BYTES["cuda" if self.device == "cuda" else "cpu"]
         # the parent computes references and compares on the same device while the child holds its sets: leave it
         # one input set and a few outputs' worth
@@ -490,6 +487,10 @@ def _returning(value: Any) -> Any:
     return lambda *args: value
 
 
+def _spec_bytes(specs: Any) -> int:
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in specs)
+
+
 def _describe(outs: list[Any]) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
     tensors = [o.detach() for o in outs if type(o) is torch.Tensor]
     return [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors], tensors
@@ -498,8 +499,7 @@ def _describe(outs: list[Any]) -> tuple[list[dict[str, Any]], list[torch.Tensor]
 def _encode(outs: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
     """Exact tensors as (dtype and shape per tensor, their elements as raw row-major byte buffers): the parent rebuilds
     them from that alone, unpickling nothing. Anything else is left out, which the parent sees as a missing output."""
-    tensors = [o.detach() for o in outs if type(o) is torch.Tensor]
-    meta = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors]
+    meta, tensors = _describe(outs)
     # resolve_conj/resolve_neg: a lazily conjugated or negated view cannot be reinterpreted as bytes
     return meta, [t.resolve_conj().resolve_neg().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
                   for t in tensors]
