@@ -2,7 +2,7 @@
 # On a GPU machine, from the repo root: the GPU tests, then a judge-only KernelBench pass that resumes from KB_JSON.
 # The KernelBench folder must be reachable there: KB_ROOT (default ../shared/kernelbench).
 # Usage: OUT=dir STEPS="tests kernelbench" TESTS="tests" KB_ROOT=dir KB_JSON=file KB_PROBLEMS="..." \
-#        KB_DEADLINE=400 bash bench/gpu_judge.sh
+#        KB_DEADLINE=400 KB_RETRY=1 bash bench/gpu_judge.sh     (KB_RETRY: run the failed rows again)
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 OUT="${OUT:-out/gpu}"
@@ -20,7 +20,7 @@ for step in ${STEPS:-tests kernelbench}; do
       # shellcheck disable=SC2086
       python3 bench/kernelbench.py --root "${KB_ROOT:-../shared/kernelbench}" --level 1 --judge-only \
         --json "$OUT/kernelbench.json" --out-dir /tmp/kernelbench ${KB_PROBLEMS:+--problems $KB_PROBLEMS} \
-        ${KB_DEADLINE:+--deadline-s $KB_DEADLINE} 2>&1 | tee "$OUT/kernelbench.log" | tail -30 ;;
+        ${KB_DEADLINE:+--deadline-s $KB_DEADLINE} ${KB_RETRY:+--retry-failed} 2>&1 | tee "$OUT/kernelbench.log" | tail -30 ;;
     *) echo "unknown step $step (tests, kernelbench)"; exit 2 ;;
   esac
 done

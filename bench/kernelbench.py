@@ -154,6 +154,15 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
+def failed(row: dict[str, Any]) -> bool:
+    """A row that did not run through, or in which a judged candidate was not ok."""
+    if row.get("status") == "error":
+        return True
+    if row.get("mode") == "judge-only":
+        return any(row.get(f"{k}_status") not in ("ok", "skipped", None) for k in BASELINES)
+    return not row.get("correct")
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(rows)
     out: dict[str, Any] = {"problems": n, "errors": sum(r.get("status") == "error" for r in rows)}
@@ -242,6 +251,25 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     console.print(json.dumps(s, default=str), markup=False)
 
 
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The judge-only rows as a markdown table (for bench/results/README.md)."""
+    lines = ["| problem | in+out GB | eager ms | compile ms | max-at ms | judge s (eager / compile / max-at) "
+             "| input sets | child peak GB | failed |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("mode") != "judge-only":
+            continue
+        size = (r.get("input_bytes") or 0) + (r.get("output_bytes") or 0)
+        judge = " / ".join(f"{r[f'{k}_judge_s']:.1f}" if r.get(f"{k}_judge_s") is not None else "—"
+                           for k in BASELINES)
+        peak = max((r.get(f"{k}_peak_device_bytes") or 0 for k in BASELINES), default=0)
+        bad = [f"{k}: {r.get(f'{k}_status')}" for k in BASELINES if r.get(f"{k}_status") not in ("ok", "skipped", None)]
+        why = (r.get("error") or "; ".join(bad) or "").replace("|", "/")[:80]
+        lines.append(f"| {r['problem'].split('/')[-1]} | {size / 1e9:.2f} | "
+                     + " | ".join(_ms(r.get(f"{k}_ms")) for k in BASELINES)
+                     + f" | {judge} | {r.get('eager_input_sets') or '—'} | {peak / 1e9:.1f} | {why} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="the KernelBench folder (levelN/*.py)")
@@ -261,11 +289,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, default=Path("out/kernelbench/kernelbench.json"))
     ap.add_argument("--out-dir", type=Path, default=Path("out/kernelbench"))
     ap.add_argument("--fresh", action="store_true", help="ignore the rows already in --json")
+    ap.add_argument("--markdown", action="store_true", help="print the rows in --json as a markdown table; run nothing")
+    ap.add_argument("--retry-failed", action="store_true",
+                    help="run again the rows in --json that failed (an error, or a baseline not ok), replacing them")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.markdown:
+        print(markdown_table(load_rows(args.json)))
+        return 0
     sys.path.insert(0, str(HERE.parent / "src"))
     import torch
 
@@ -277,8 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = [] if args.fresh else load_rows(args.json)
+    if args.retry_failed:
+        rows = [r for r in rows if not failed(r)]
     done = {r["problem"] for r in rows}
     todo = [p for p in paths if problem_id(p) not in done]
+    order = {problem_id(p): k for k, p in enumerate(paths)}
     head, store, t0 = header(args, device), None, time.monotonic()
     print(f"{len(paths)} problem(s): {len(paths) - len(todo)} already in {args.json}, {len(todo)} to run", flush=True)
     for i, path in enumerate(todo, 1):
@@ -295,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                 store = Store(args.out_dir / "kernelbench.db")
             row = optimize_problem(path, args, device, store)
         rows.append(row)
+        rows.sort(key=lambda r: order.get(r["problem"], len(order)))
         write_json(args.json, head, rows)
         brief = {k: row.get(k) for k in ("status", "eager_ms", "compile_ms", "max_autotune_ms", "wall_s")}
         bad = {k: row.get(f"{k}_reason") for k in BASELINES if row.get(f"{k}_status") not in ("ok", "skipped", None)}

@@ -53,6 +53,22 @@ def test_judge_only_pass_appends_rows_and_resumes(corpus, tmp_path):
     data = json.loads(out.read_text())
     assert [r["problem"] for r in data["rows"]] == ["level1/1_Broken", "level1/2_Scale", "level1/10_Scale_again"]
     assert data["summary"]["genuine_failed"] == 0 and data["summary"]["errors"] == 1
+    (corpus / "level1" / "1_Broken.py").write_text((corpus / "level1" / "2_Scale.py").read_text())  # fixed
+    retry = subprocess.run(cmd + ["--retry-failed"], capture_output=True, text=True, timeout=600)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    assert "2 already in" in retry.stdout and "1 to run" in retry.stdout
+    data = json.loads(out.read_text())
+    assert [r["problem"] for r in data["rows"]] == ["level1/1_Broken", "level1/2_Scale", "level1/10_Scale_again"]
+    assert data["rows"][0]["eager_status"] == "ok" and data["summary"]["errors"] == 0
+
+
+def test_failed_rows_are_the_ones_retried():
+    ok = {"mode": "judge-only", "status": "ok", "eager_status": "ok", "compile_status": "skipped"}
+    assert not kernelbench.failed(ok)
+    assert kernelbench.failed({**ok, "eager_status": "runtime_error"})
+    assert kernelbench.failed({"mode": "judge-only", "status": "error"})
+    assert kernelbench.failed({"mode": "optimize", "status": "ok", "correct": False})
+    assert not kernelbench.failed({"mode": "optimize", "status": "ok", "correct": True})
 
 
 def test_fast_p_counts_correct_kernels_over_all_problems():

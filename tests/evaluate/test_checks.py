@@ -176,6 +176,79 @@ def test_output_must_be_exactly_a_tensor(out, kind):
     assert compare_outputs((torch.zeros(3),), (out,)) == f"output is {kind}, not exactly torch.Tensor"
 
 
+# --- a chunk at a time ---------------------------------------------------------------------------------------------
+def _chunked(monkeypatch, size: int) -> None:
+    monkeypatch.setattr(checks, "COMPARE_CHUNK", size)
+
+
+@pytest.mark.parametrize("size", [1, 7, 64])
+def test_chunked_comparison_gives_the_same_reasons(monkeypatch, size):
+    r = _ref(n=200).reshape(10, 20)
+    cases = [r.clone(), r + 1e-4]
+    bad = r.clone()
+    bad.view(-1)[[3, 150, 199]] += torch.tensor([0.5, 2.0, 0.25])
+    cases.append(bad)
+    nan_r, nan_o = r.clone(), r.clone()
+    nan_r.view(-1)[[5, 120]] = float("nan")
+    nan_o.view(-1)[[5, 121]] = float("nan")
+    inf = r.clone()
+    inf.view(-1)[190] = float("inf")
+    whole = [compare_outputs((r,), (o,)) for o in cases] + [compare_outputs((nan_r,), (nan_o,)),
+                                                            compare_outputs((r,), (inf,))]
+    _chunked(monkeypatch, size)
+    assert [compare_outputs((r,), (o,)) for o in cases] + [compare_outputs((nan_r,), (nan_o,)),
+                                                           compare_outputs((r,), (inf,))] == whole
+    assert whole[:2] == [None, None]
+    assert whole[2] == ("output: 3 of 200 elements outside atol=0.001 rtol=0.001; max abs err 2 "
+                        f"(out {float(bad.view(-1)[150]):.6g} vs ref {float(r.view(-1)[150]):.6g})")
+    assert whole[3] == "output: NaN pattern differs (2 NaN in reference, 2 in output)"
+    assert whole[4] == "output: Inf pattern differs"
+
+
+def test_chunked_integers_count_every_difference(monkeypatch):
+    _chunked(monkeypatch, 3)
+    r = torch.arange(20)
+    out = r.clone()
+    out[[0, 19]] = -1
+    assert compare_outputs((r,), (out,)) == "output: 2 of 20 elements differ (exact match required)"
+
+
+def test_chunked_widening_computes_the_exact_result_once(monkeypatch):
+    _chunked(monkeypatch, 4)
+    exact = torch.zeros(16, dtype=torch.float64)
+    ref = torch.full((16,), 0.01)  # the reference's own error: 0.01 everywhere
+    out = ref.clone()
+    out[[1, 9, 14]] = -0.05  # 0.06 from the reference, 0.05 from the exact result: within 8 x 0.01
+    calls = []
+
+    def exact_fn():
+        calls.append(1)
+        return (exact,)
+
+    assert compare_outputs((ref,), (out,), exact=exact_fn) is None
+    assert len(calls) == 1
+    out[9] = 0.5
+    reason = compare_outputs((ref,), (out,), exact=exact_fn)
+    assert reason.startswith("output: 1 of 16 elements outside") and "reference's own error 0.01" in reason
+
+
+@pytest.mark.parametrize("size", [1, 5, 1 << 24])
+def test_same_values_a_chunk_at_a_time(size):
+    from kernelevolve.problem import same_values
+
+    a = _ref(n=50)
+    a[[2, 40]] = float("nan")
+    b = a.clone()
+    assert same_values(a, b, chunk=size)
+    b[47] += 1.0
+    assert not same_values(a, b, chunk=size)
+    b = a.clone()
+    b[41] = float("nan")
+    assert not same_values(a, b, chunk=size)
+    assert not same_values(a, a[:49], chunk=size)
+    assert same_values(torch.arange(9), torch.arange(9), chunk=size)
+
+
 # --- environment -------------------------------------------------------------------------------------------------
 SECRETS = ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GITHUB_TOKEN", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY",
            "AWS_SESSION_TOKEN", "PGPASSWORD", "GOOGLE_APPLICATION_CREDENTIALS", "my_api_key", "NPM_AUTH_TOKEN",

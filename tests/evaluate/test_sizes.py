@@ -96,3 +96,42 @@ def test_problem_tolerances_override_the_float64_reference(new_evaluator, tmp_pa
     ev = new_evaluator(path)
     assert ev._exact(1, 0, None) is None
     assert new_evaluator("problem_long_reduction.py")._exact(1, 0, None) is not None
+
+
+def _no_device_room(monkeypatch, name: str) -> list[bool]:
+    """Make the parent's device-side ``name`` (reference or _exact_on) run out of memory; returns the ``host`` flag
+    of every call."""
+    from kernelevolve.evaluate.evaluator import Evaluator
+
+    original, calls = getattr(Evaluator, name), []
+
+    def short_of_room(self, seed, shape=0, gpu=None, host=False):
+        calls.append(host)
+        if not host:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB (simulated)")
+        return original(self, seed, shape, gpu, host=host)
+
+    monkeypatch.setattr(Evaluator, name, short_of_room)
+    return calls
+
+
+def test_references_move_to_the_host_when_the_device_has_no_room(new_evaluator, candidate, monkeypatch):
+    """The parent computes its references while the child holds most of the device: a reference that finds no room
+    is computed again once the child waits, then on the host. Genuine still passes, wrong still fails."""
+    calls = _no_device_room(monkeypatch, "reference")
+    ev = new_evaluator("problem_scale.py")
+    r = ev.evaluate(candidate("genuine_torch"))
+    assert r.status is Status.OK, (r.reason, r.error)
+    assert r.timed and True in calls and False in calls
+    r = ev.evaluate(candidate("wrong_output"))
+    assert r.status is Status.INCORRECT, (r.reason, r.error)
+
+
+def test_the_exact_reference_moves_to_the_host_when_the_device_has_no_room(new_evaluator, candidate, monkeypatch):
+    calls = _no_device_room(monkeypatch, "_exact_on")
+    ev = new_evaluator("problem_long_reduction.py", time_candidates=False)
+    r = ev.evaluate(candidate("long_reduction_reordered"))
+    assert r.status is Status.OK, (r.reason, r.error)
+    r = ev.evaluate(candidate("long_reduction_bf16"))
+    assert r.status is Status.INCORRECT and "the reference's own error" in r.reason, (r.reason, r.error)
+    assert calls[:2] == [False, True]

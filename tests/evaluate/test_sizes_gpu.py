@@ -38,6 +38,19 @@ def test_genuine_candidates_of_several_gb_are_ok(new_evaluator, candidate, large
     assert r.timing.median_ms < 20
 
 
+def test_genuine_candidate_of_16_gb_in_and_out_is_ok(new_evaluator, candidate, tmp_path):
+    """KernelBench's sizes: 16 GiB in and 16 GiB out (4G fp32 elements, as in level 1's L2Norm and 2D pooling).
+    The harness's own copies (the mutation check, the comparison) stay in chunks, and the parent's references
+    find room beside the child's sets or move to the host."""
+    path = tmp_path / "problem_16gb.py"
+    path.write_text((CHEATS / "problem_large.py").read_text().replace("ELEMENTS = 64 << 20", "ELEMENTS = 4 << 30"))
+    ev = new_evaluator(path, device="cuda", timeout_s=600.0, timing=TimingConfig(budget_ms=300.0))
+    r = ev.evaluate(candidate("large_genuine"))
+    assert r.status is Status.OK, (r.reason, r.error, r.details, r.log[-2000:])
+    assert r.details["memory"]["input_bytes"] == 16 << 30
+    assert r.timing.median_ms < 50  # two passes over 32 GiB at ~4.3 TB/s: about 8 ms
+
+
 def test_forged_channel_timing_is_rejected_on_the_gpu(gpu_evaluator, candidate):
     r = gpu_evaluator.evaluate(candidate("forged_channel_timing"))
     assert r.status is Status.REJECTED, (r.reason, r.error, r.details)

@@ -31,6 +31,8 @@ EXACT_TOL = (0.0, 0.0)  # integers and bool must match exactly
 # fp32 output of a 32768-long product by about 1e-3, past atol; lower-precision arithmetic (bf16, or TF32 where it is
 # not allowed) lands 60 to 1000 times further from the exact result than the fp32 reference does, and still fails.
 REF_ERROR_FACTOR = 8.0
+# Elements compared at once: 16M, so the comparison's temporaries stay near 100 MB whatever the output's size.
+COMPARE_CHUNK = 1 << 24
 
 SECRET_PATTERN = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 
@@ -81,57 +83,103 @@ def compare_outputs(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_t
 
 def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: float,
                     exact: Callable[[], torch.Tensor | None] = lambda: None) -> str | None:
-    out = out.to(ref.device)
+    """One output against the reference, a chunk of elements at a time: the temporaries stay at a few hundred MB
+    when the output is many GB, so the comparison never takes the memory the candidate's process is using."""
+    # an output kept in host memory moves to the reference's device a chunk at a time
+    r_all, o_all, n, chunk = ref.reshape(-1), out.reshape(-1), ref.numel(), COMPARE_CHUNK
+    spans = [(i, min(i + chunk, n)) for i in range(0, n, chunk)]
     if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
-        bad = int((ref != out).sum())
-        return f"{bad} of {ref.numel()} elements differ (exact match required)" if bad else None
+        bad = sum(int((r_all[a:b] != o_all[a:b].to(ref.device)).sum()) for a, b in spans)
+        return f"{bad} of {n} elements differ (exact match required)" if bad else None
     if ref.dtype.is_complex:  # a cast to a real dtype would drop the imaginary parts unchecked
         wide = torch.complex128 if ref.dtype == torch.complex128 else torch.complex64
     else:
         wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
-    r, o = ref.to(wide), out.to(wide)
-    nan_r, nan_o = torch.isnan(r), torch.isnan(o)
-    if not torch.equal(nan_r, nan_o):
-        return f"NaN pattern differs ({int(nan_r.sum())} NaN in reference, {int(nan_o.sum())} in output)"
-    inf_r, inf_o = torch.isinf(r), torch.isinf(o)
-    if not torch.equal(inf_r, inf_o) or (bool(inf_r.any()) and not torch.equal(r[inf_r], o[inf_o])):
-        return "Inf pattern differs"
-    # NaN and matching Inf positions give NaN differences, and NaN > tol is False: only finite elements can fail.
-    err = (o - r).abs()
-    bad = err > atol + rtol * r.abs()
-    n_bad = int(bad.sum())
+    pattern = _special_patterns(r_all, o_all, wide, spans)
+    if pattern:
+        return pattern
+    widen = _Widening(ref, exact, atol, rtol) if ref.dtype.is_floating_point else None
+    n_bad, worst = 0, None
+    for a, b in spans:
+        r, o = r_all[a:b].to(wide), o_all[a:b].to(ref.device, wide)
+        # NaN and matching Inf positions give NaN differences, and NaN > tol is False: only finite elements can fail.
+        err = (o - r).abs()
+        bad = err > atol + rtol * r.abs()
+        if not bool(bad.any()):
+            continue
+        if widen is not None:
+            bad = widen.still_bad(r, o, bad, a, b)
+        k = int(bad.sum())
+        if not k:
+            continue
+        n_bad += k
+        err = torch.where(bad, err, torch.zeros_like(err))
+        at = int(torch.argmax(err))
+        if worst is None or float(err[at]) > worst[0]:
+            worst = (float(err[at]), o[at].item(), r[at].item())
     if not n_bad:
         return None
-    widened = ""
-    e = exact() if ref.dtype.is_floating_point else None
-    if e is not None and e.shape == ref.shape:
-        bad, widened = _against_exact(r, o, e.to(ref.device, torch.float64), bad, atol, rtol)
-        n_bad = int(bad.sum())
-        if not n_bad:
-            return None
-    idx = int(torch.argmax(torch.where(bad, err, torch.zeros_like(err))))
-    r, o, err = r.flatten(), o.flatten(), err.flatten()
-    return (f"{n_bad} of {ref.numel()} elements outside atol={atol:g} rtol={rtol:g}{widened}; "
-            f"max abs err {float(err[idx]):.3g} (out {o[idx].item():.6g} vs ref {r[idx].item():.6g})")
+    note = widen.note if widen is not None and widen.used else ""
+    return (f"{n_bad} of {n} elements outside atol={atol:g} rtol={rtol:g}{note}; "
+            f"max abs err {worst[0]:.3g} (out {worst[1]:.6g} vs ref {worst[2]:.6g})")
 
 
-def _against_exact(r: torch.Tensor, o: torch.Tensor, exact: torch.Tensor, bad: torch.Tensor, atol: float,
-                   rtol: float) -> tuple[torch.Tensor, str]:
-    """Re-judge the elements in ``bad`` against the exact result: (still bad, a note for the reason)."""
-    own = _rms_difference(r, exact)
-    e = exact[bad]
-    allowed = torch.clamp(atol + rtol * e.abs(), min=REF_ERROR_FACTOR * own)
-    still = bad.clone()
-    still[bad] = ~((o[bad].double() - e).abs() <= allowed)
-    return still, f" (or {REF_ERROR_FACTOR:g}x the reference's own error {own:.3g} from the float64 result)"
+def _special_patterns(r_all: torch.Tensor, o_all: torch.Tensor, wide: torch.dtype,
+                      spans: list[tuple[int, int]]) -> str | None:
+    """Where NaN and Inf sit must agree, and the infinities too."""
+    nan_r = nan_o = 0
+    nan_differs = inf_differs = False
+    for a, b in spans:
+        r, o = r_all[a:b].to(wide), o_all[a:b].to(r_all.device, wide)
+        nr, no = torch.isnan(r), torch.isnan(o)
+        nan_r, nan_o = nan_r + int(nr.sum()), nan_o + int(no.sum())
+        nan_differs = nan_differs or not torch.equal(nr, no)
+        if not nan_differs and not inf_differs:
+            ir, io = torch.isinf(r), torch.isinf(o)
+            inf_differs = not torch.equal(ir, io) or (bool(ir.any()) and not torch.equal(r[ir], o[io]))
+    if nan_differs:
+        return f"NaN pattern differs ({nan_r} NaN in reference, {nan_o} in output)"
+    return "Inf pattern differs" if inf_differs else None
 
 
-def _rms_difference(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 24) -> float:
-    """The root mean square of the finite elements of ``a - b``, in float64, a chunk at a time (outputs can be GBs)."""
-    a, b = a.reshape(-1), b.reshape(-1)
+class _Widening:
+    """Re-judges the elements outside the tolerance around the reference against the exact (float64) result, which
+    is computed on the first such element and then shared by every chunk."""
+
+    def __init__(self, ref: torch.Tensor, exact: Callable[[], torch.Tensor | None], atol: float, rtol: float):
+        self.shape, self.r_all, self.exact, self.atol, self.rtol = ref.shape, ref.reshape(-1), exact, atol, rtol
+        self.e_all: torch.Tensor | None = None
+        self.own = 0.0
+        self.used = self.tried = False
+
+    @property
+    def note(self) -> str:
+        return f" (or {REF_ERROR_FACTOR:g}x the reference's own error {self.own:.3g} from the float64 result)"
+
+    def still_bad(self, r: torch.Tensor, o: torch.Tensor, bad: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        if not self.tried:
+            self.tried = True
+            e = self.exact()
+            if e is not None and e.shape == self.shape:
+                self.e_all = e.reshape(-1)
+                self.own = _rms_difference(self.r_all, self.e_all)
+        if self.e_all is None:
+            return bad
+        self.used = True
+        e = self.e_all[a:b].to(r.device, torch.float64)[bad]
+        allowed = torch.clamp(self.atol + self.rtol * e.abs(), min=REF_ERROR_FACTOR * self.own)
+        still = bad.clone()
+        still[bad] = ~((o[bad].double() - e).abs() <= allowed)
+        return still
+
+
+def _rms_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The root mean square of the finite elements of ``a - b``, in float64, a chunk at a time (outputs can be GBs);
+    ``b`` may live on another device."""
+    a, b, chunk = a.reshape(-1), b.reshape(-1), COMPARE_CHUNK
     total, count = 0.0, 0
     for i in range(0, a.numel(), chunk):
-        d = a[i:i + chunk].double() - b[i:i + chunk]
+        d = a[i:i + chunk].double() - b[i:i + chunk].to(a.device, torch.float64)
         d = d[torch.isfinite(d)]
         total += float(d.square().sum())
         count += d.numel()

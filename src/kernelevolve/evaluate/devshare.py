@@ -107,6 +107,19 @@ class Exporter:
         self.live.clear()
 
 
+def _room_for(nbytes: int, device: torch.device) -> torch.Tensor:
+    """Where the parent keeps a shared output: on ``device``, or in host memory when the device has no room left
+    (the comparison then moves it to the reference a chunk at a time)."""
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    except torch.OutOfMemoryError:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+
 def import_bytes(spec: dict[str, Any], device: torch.device) -> torch.Tensor:
     """The parent's side: the shared bytes, cloned into a uint8 tensor of the parent's own on ``device``. Raises
     DeviceShareError for a handle that does not open or an allocation smaller than the header says."""
@@ -127,7 +140,7 @@ def import_bytes(spec: dict[str, Any], device: torch.device) -> torch.Tensor:
                    "cuMemGetAddressRange")
             if ptr.value + nbytes > base.value + size.value:
                 raise DeviceShareError(f"shared allocation of {size.value} bytes, but the header says {nbytes}")
-            out = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            out = _room_for(nbytes, device)
             if nbytes:
                 out.copy_(_as_tensor(ptr.value, nbytes, device))
             torch.cuda.synchronize(device)

@@ -87,15 +87,30 @@ class Evaluator:
     def _ref_device(self, gpu: int | None) -> str:
         return f"cuda:{gpu or 0}" if self.config.device == "cuda" else "cpu"
 
-    def reference(self, seed: int, shape: int = 0, gpu: int | None = None) -> tuple[torch.Tensor, ...]:
-        """The reference outputs for the inputs drawn with ``seed``, on the reference device (where outputs are
-        compared, while that worker's child waits). Never sent to a child."""
-        dev = self._ref_device(gpu)
+    def _model(self, dev: str, exact: bool = False) -> torch.nn.Module:
+        key = f"{dev}:float64" if exact else dev
         with self._lock:
-            if dev not in self._models:
-                self._models[dev] = build_model(self.module, "Model", self.init_seed).to(dev)
-            model = self._models[dev]
+            if key not in self._models:
+                model = build_model(self.module, "Model", self.init_seed).to(dev)
+                self._models[key] = model.double() if exact else model
+            return self._models[key]
+
+    def _inputs(self, seed: int, shape: int, dev: str, host: bool) -> list[Any]:
+        """The inputs drawn with ``seed`` on the reference device (the values the child draws), moved to the host
+        one by one when ``host``."""
         inputs = make_inputs(self.module, seed, shape, dev)
+        if host:
+            for k, v in enumerate(inputs):
+                inputs[k] = v.cpu() if isinstance(v, torch.Tensor) else v
+        return inputs
+
+    def reference(self, seed: int, shape: int = 0, gpu: int | None = None,
+                  host: bool = False) -> tuple[torch.Tensor, ...]:
+        """The reference outputs for the inputs drawn with ``seed``, on the reference device (where outputs are
+        compared, while that worker's child waits), or computed on the host when ``host``. Never sent to a child."""
+        dev = self._ref_device(gpu)
+        inputs = self._inputs(seed, shape, dev, host)
+        model = self._model("cpu" if host else dev)
         with torch.no_grad():
             # Both flags, as in the child: cuDNN convolutions default to TF32 (allow_tf32=True) otherwise.
             torch.backends.cuda.matmul.allow_tf32 = self.problem.allow_tf32
@@ -107,24 +122,32 @@ class Evaluator:
 
     def reference_exact(self, seed: int, shape: int = 0, gpu: int | None = None) -> tuple[torch.Tensor, ...] | None:
         """The reference in float64 (weights and floating inputs upcast) for the inputs drawn with ``seed``: how far
-        the reference itself is from the exact result. None where its ops do not run in float64."""
-        dev = self._ref_device(gpu)
+        the reference itself is from the exact result. On the host where the device has no room for it (float64 takes
+        twice the memory); None where its ops do not run in float64."""
         try:
-            with self._lock:
-                key = f"{dev}:float64"
-                if key not in self._models:
-                    self._models[key] = build_model(self.module, "Model", self.init_seed).to(dev).double()
-                model = self._models[key]
-            inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                      for x in make_inputs(self.module, seed, shape, dev)]
-            with torch.no_grad():
-                outs = as_outputs(model(*inputs))
-            if self.problem.mutates_inputs:
-                outs = outs + tuple(v for v in inputs if isinstance(v, torch.Tensor))
-            return tuple(o.detach() if isinstance(o, torch.Tensor) else None for o in outs)
+            return self._exact_on(seed, shape, gpu, host=False)
+        except torch.OutOfMemoryError:
+            self._release_cache(gpu)
         except Exception as e:  # the reference's own code: any op that has no float64 kernel
             log.debug("no float64 reference: %s: %s", type(e).__name__, e)
             return None
+        try:
+            return self._exact_on(seed, shape, gpu, host=True)
+        except Exception as e:
+            log.debug("no float64 reference on the host: %s: %s", type(e).__name__, e)
+            return None
+
+    def _exact_on(self, seed: int, shape: int, gpu: int | None, host: bool) -> tuple[torch.Tensor | None, ...]:
+        inputs = self._inputs(seed, shape, self._ref_device(gpu), host)
+        for k, v in enumerate(inputs):  # one at a time, so a float32 input and its float64 copy overlap only briefly
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                inputs[k] = v.double()
+        model = self._model("cpu" if host else self._ref_device(gpu), exact=True)
+        with torch.no_grad():
+            outs = as_outputs(model(*inputs))
+        if self.problem.mutates_inputs:
+            outs = outs + tuple(v for v in inputs if isinstance(v, torch.Tensor))
+        return tuple(o.detach() if isinstance(o, torch.Tensor) else None for o in outs)
 
     def _exact(self, seed: int, shape: int, gpu: int | None, count: int | None = None) -> Any:
         """The float64 reference as compare_outputs takes it; None when the problem sets its own tolerances."""
@@ -183,6 +206,7 @@ class Evaluator:
         job = self._job("candidate", gpu, name, candidate)
         details: dict[str, Any] = {}
         t0 = time.perf_counter()
+        self._release_cache(gpu)  # what earlier references left cached is the child's to plan with
         try:
             with Child(job, self.config.timeout_s) as child:
                 result = self._drive(child, candidate, gpu, details)
@@ -193,6 +217,10 @@ class Evaluator:
                             details=details)
         except ChildDied as e:
             result = Result(Status.CRASHED, f"candidate process {e}", details=details)
+        except torch.OutOfMemoryError as e:  # the judge's own side, after its host fallbacks: not the candidate's fault
+            result = Result(Status.RUNTIME_ERROR, f"the judge ran out of device memory checking the outputs: "
+                                                  f"{str(e).splitlines()[0][:200]}", error=traceback.format_exc(),
+                            details=details)
         except _MALFORMED as e:  # the candidate can write to its own end of the channel
             result = Result(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__}: {e})"[:300],
                             error=traceback.format_exc(), details=details)
@@ -242,10 +270,24 @@ class Evaluator:
     def _output(self, child: Child, cmd: dict[str, Any], gpu: int | None) -> tuple[dict[str, Any], Buffer, tuple]:
         """Send a command that produces outputs; compute the reference meanwhile, while the child works."""
         child.send(cmd)
-        ref = self.reference(cmd["seed"], cmd["shape"], gpu)
+        try:
+            ref = self.reference(cmd["seed"], cmd["shape"], gpu)
+        except torch.OutOfMemoryError:
+            ref = None  # the child's call holds the memory while it runs: again once it waits
         header, blob = child.recv()
         _raise_on_fail(header, "output")
-        return header, blob, ref
+        return header, blob, ref if ref is not None else self._reference_with_room(cmd["seed"], cmd["shape"], gpu)
+
+    def _reference_with_room(self, seed: int, shape: int, gpu: int | None) -> tuple[torch.Tensor, ...]:
+        """The reference while the child waits: again after the cached memory is handed back, on the host if the
+        device still has no room for it."""
+        for _ in range(2):
+            try:
+                return self.reference(seed, shape, gpu)
+            except torch.OutOfMemoryError:
+                self._release_cache(gpu)
+        log.info("no device memory for the reference outputs: computed on the host")
+        return self.reference(seed, shape, gpu, host=True)
 
     def _compare(self, ref: tuple, header: dict[str, Any], blob: Buffer, exact: Any = None) -> str | None:
         return compare_outputs(ref, _load_tensors(header, blob, _device_of(ref)), self.problem.allow_tf32,
@@ -298,7 +340,7 @@ class Evaluator:
         n_sets, at = max(1, int(res["input_sets"])), 0
         for rep, count in res.get("kept", []):
             seed = seeds[int(rep) % n_sets]
-            ref = self.reference(seed, 0, gpu)[:int(count)]  # outputs only, not inputs
+            ref = self._reference_with_room(seed, 0, gpu)[:int(count)]  # outputs only, not inputs
             reason = compare_outputs(ref, outs[at:at + int(count)], self.problem.allow_tf32, self.problem.atol,
                                      self.problem.rtol, self._exact(seed, 0, gpu, int(count)))
             at += int(count)
@@ -452,6 +494,8 @@ def _load_tensors(header: dict[str, Any], blob: Buffer, device: torch.device = t
                 else:  # a writable buffer (a blob read from a file) is used in place; a pipe's bytes are copied once
                     flat = torch.frombuffer(bytearray(chunk) if chunk.readonly else chunk, dtype=torch.uint8)
             out.append(flat.view(dtype).reshape(shape))
+    except torch.OutOfMemoryError:
+        raise  # the parent's own room, not a forged payload
     except (AttributeError, KeyError, TypeError, ValueError, RuntimeError, devshare.DeviceShareError) as e:
         raise _Verdict(Status.REJECTED, f"unreadable output payload: {e}") from e
     if offset != len(blob):
