@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from kernelevolve.optimize import versions
+    from kernelevolve.machine import versions
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = args.out_dir.resolve()

@@ -68,7 +68,7 @@ def select_problems(root: Path, levels: list[int], names: list[str] | None) -> l
 # --- judge-only: the three baselines as candidates ----------------------------------------------------------------------
 def baseline_candidates(source: str) -> dict[str, Any]:
     from kernelevolve.candidate import Candidate
-    from kernelevolve.optimize import reference_candidate
+    from kernelevolve.report import reference_candidate
     from kernelevolve.propose.inductor import SEEDS, render
 
     seeds = dict(SEEDS)
@@ -194,7 +194,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def header(args: argparse.Namespace, device: str) -> dict[str, Any]:
     import torch
 
-    from kernelevolve.optimize import versions
+    from kernelevolve.machine import versions
 
     v = versions()
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"

@@ -111,7 +111,8 @@ def max_autotune_baseline(problem: Any, opt: Any, workdir: Path, store: Any) -> 
     The result is stored under a baseline run: the search's inductor proposer renders the identical file, and the
     store hands it this result instead of compiling and timing it a second time."""
     from kernelevolve.candidate import Candidate
-    from kernelevolve.optimize import device_key, make_evaluator, versions
+    from kernelevolve.machine import device_key, versions
+    from kernelevolve.optimize import make_evaluator
     from kernelevolve.propose.inductor import SEEDS, render
     from kernelevolve.store import now
 
@@ -230,7 +231,7 @@ def header(cfg: SuiteConfig, device_name: str | None = None) -> dict[str, Any]:
     """The run's metadata. Pass ``device_name`` to keep this process from initialising CUDA."""
     import torch
 
-    from kernelevolve.optimize import versions
+    from kernelevolve.machine import versions
 
     v = versions()
     name = device_name or (torch.cuda.get_device_name(0) if cfg.device == "cuda"

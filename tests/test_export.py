@@ -67,7 +67,7 @@ def test_export_is_refused_without_approval_and_a_changed_source_voids_it(setup)
         check_approval(store, resolve(store, run, None))
     approve(store, run, None, "looked at the kernel", by="reviewer")
     assert check_approval(store, resolve(store, run, None))["approved_by"] == "reviewer"
-    from kernelevolve.optimize import report_view
+    from kernelevolve.report import report_view
     from kernelevolve.report import render_report
 
     html = render_report(report_view(store, run))

@@ -85,7 +85,7 @@ def test_single_timed_point_renders() -> None:
 
 def test_best_is_the_reference_when_nothing_beats_eager():
     from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
-    from kernelevolve.optimize import _best_view
+    from kernelevolve.report import _best_view
 
     slow = {"id": 3, "source": "class ModelNew: ...", "result": Result(
         Status.OK, "verified", timing=Timing.from_samples([2.0], "cuda-events"), timed=True)}

@@ -21,7 +21,7 @@ import pytest
 
 from kernelevolve import service
 from kernelevolve.cli import main
-from kernelevolve.optimize import device_key, versions
+from kernelevolve.machine import device_key, versions
 from kernelevolve.problem import Problem, source_sha
 from kernelevolve.service import JobError, JobQueue, Heartbeat, requeue_stale
 from kernelevolve.store import Store, StoreError

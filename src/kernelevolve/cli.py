@@ -340,7 +340,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from rich.tree import Tree
 
-    from kernelevolve.optimize import report_view
+    from kernelevolve.report import report_view
     from kernelevolve.store import Store
 
     view = report_view(Store(args.db), args.run)
@@ -361,7 +361,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from kernelevolve.optimize import write_outputs
+    from kernelevolve.report import write_outputs
     from kernelevolve.store import Store
 
     store = Store(args.db)
@@ -374,10 +374,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # --- service mode: submit / serve / jobs ----------------------------------------------------------------------------
 def cmd_submit(args: argparse.Namespace) -> int:
-    from kernelevolve.service import read_problem, submit
+    from kernelevolve.problem import read_source
+    from kernelevolve.service import submit
     from kernelevolve.store import Store
 
-    read_problem(args.problem)  # a missing or broken file fails before the store is touched
+    read_source(args.problem)  # a missing or broken file fails before the store is touched
     config = dict(optimize_config(args, args.device or "cpu").to_dict(), device=args.device)  # None: the server's
     store = Store(args.db)
     print(submit(store, args.problem, config, args.out_root, args.out, args.priority))

@@ -438,7 +438,7 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
                  aoti: bool = False) -> tuple[Path, Path]:
     """Write the module and its test file (and, with ``aoti``, an AOTInductor package beside them); return the
     module's and the test's paths."""
-    from kernelevolve.optimize import versions
+    from kernelevolve.machine import versions
 
     node = resolve(store, run, candidate)
     run_row = node["run"]

@@ -174,8 +174,8 @@ def _first_line(e: BaseException) -> str:
     return text[0] if text else ""
 
 
-def load_problem(path: str | Path, device: str = "cpu") -> Problem:
-    """Import the problem file, run its reference once on ``device`` and return a validated Problem."""
+def read_source(path: str | Path) -> str:
+    """The source of a problem file; ProblemError when it is missing, unreadable or not Python."""
     path = Path(path)
     if not path.is_file():
         raise ProblemError(path, "no such file")
@@ -183,11 +183,18 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
         source = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise ProblemError(path, f"cannot read: {e}") from e
-    sha = source_sha(source)
     try:
         compile(source, str(path), "exec")
     except SyntaxError as e:
         raise ProblemError(path, f"syntax error at line {e.lineno}: {e.msg}") from e
+    return source
+
+
+def load_problem(path: str | Path, device: str = "cpu") -> Problem:
+    """Import the problem file, run its reference once on ``device`` and return a validated Problem."""
+    path = Path(path)
+    source = read_source(path)
+    sha = source_sha(source)
     try:
         module = import_module_from_path(path, f"_ke_problem_{sha[:12]}")
     except Exception as e:

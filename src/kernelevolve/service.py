@@ -17,8 +17,10 @@ from typing import Any, Callable
 
 import torch
 
-from kernelevolve.optimize import OptimizeConfig, RunOutcome, default_device, device_key, optimize, versions
-from kernelevolve.problem import ProblemError
+from kernelevolve.evaluate.process import pid_alive
+from kernelevolve.machine import default_device, device_key, versions
+from kernelevolve.optimize import OptimizeConfig, RunOutcome, optimize
+from kernelevolve.problem import read_source
 from kernelevolve.store import Store, now
 
 log = logging.getLogger(__name__)
@@ -48,40 +50,16 @@ def owner_alive(owner: str) -> bool | None:
     pid = rest.split(":")[0]
     if host != socket.gethostname() or not pid.isdigit():
         return None
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # a zombie serves nothing
-    except (OSError, IndexError):
-        return True
+    return pid_alive(int(pid))
 
 
 # --- submitting ---------------------------------------------------------------------------------------------------
-def read_problem(path: str | Path) -> tuple[Path, str]:
-    """The absolute path and source of a problem file to queue; ProblemError when it is missing or not Python."""
-    path = Path(path).absolute()
-    if not path.is_file():
-        raise ProblemError(path, "no such file")
-    try:
-        source = path.read_text()
-        compile(source, str(path), "exec")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ProblemError(path, f"cannot read it: {e}") from e
-    except SyntaxError as e:
-        raise ProblemError(path, f"syntax error at line {e.lineno}: {e.msg}") from e
-    return path, source
-
-
 def submit(store: Store, problem_path: str | Path, config: dict[str, Any], out_root: str | Path = "kernelevolve-jobs",
            out_dir: str | Path | None = None, priority: int = 0) -> int:
     """Queue an optimization of ``problem_path`` (its path and source are stored) with ``config`` (an
     OptimizeConfig dict whose ``device`` may be None: the serving machine's cuda, else cpu). Returns the job id."""
-    path, source = read_problem(problem_path)
+    path = Path(problem_path).absolute()
+    source = read_source(path)
     return store.add_job(str(path), path.stem, source, config, str(Path(out_root).absolute()),
                          str(Path(out_dir).absolute()) if out_dir else None, priority)
 

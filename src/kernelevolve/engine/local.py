@@ -48,7 +48,7 @@ class LocalPool:
         return self.evaluator.baseline(compiled=compiled)
 
     def device_key(self) -> str:
-        from kernelevolve.optimize import device_key
+        from kernelevolve.machine import device_key
 
         return device_key(self.evaluator.config.device)
 

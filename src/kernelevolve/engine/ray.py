@@ -242,7 +242,7 @@ def _baseline_task(problem: dict[str, Any], config: dict[str, Any], compiled: bo
 
 
 def _probe_task(device: str) -> dict[str, Any]:
-    from kernelevolve.optimize import device_key
+    from kernelevolve.machine import device_key
 
     return {"device_key": device_key(device), "version": kernelevolve.__version__, **_where()}
 
@@ -389,7 +389,7 @@ class RayPool:
         return Baseline.from_json(text)
 
     def device_key(self) -> str:
-        """The device model as a worker reports it (``kernelevolve.optimize.device_key`` run there)."""
+        """The device model as a worker reports it (``kernelevolve.machine.device_key`` run there)."""
         return str(self._info["device_key"])
 
     def submit(self, candidate: Candidate) -> Future[Result]:

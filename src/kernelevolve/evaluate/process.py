@@ -157,13 +157,18 @@ def sweep_stale_blob_dirs() -> None:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (exited, not yet reaped) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # no /proc to ask: kill's answer stands
 
 
 class Child:

@@ -18,7 +18,7 @@ from typing import Any
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.propose.base import ProposalContext
-from kernelevolve.search.select import runtime
+from kernelevolve.rows import runtime
 
 log = logging.getLogger(__name__)
 

@@ -3,16 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from kernelevolve.rows import runtime
+
 
 class Selector(Protocol):
     def select(self, history: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
         ...
-
-
-def runtime(node: dict[str, Any]) -> float | None:
-    """A node's run time when it was verified and timed, else None."""
-    r = node.get("result")
-    return r.runtime_ms if r is not None and r.ok and r.timed else None
 
 
 def best_node(history: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:

@@ -2,7 +2,6 @@
 values computed from constants alone."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -10,9 +9,12 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import op_name, shape
 
-VIEW_OPS = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
-            "clone", "contiguous", "alias", "detach"}
-UPCASTS = {"_to_copy", "convert_element_type"}
+# The ATen ops that move no values, by what they do; each family takes the union it can follow.
+RESHAPES = {"view", "_unsafe_view", "reshape"}
+SAME = {"alias", "clone", "contiguous", "detach", "lift_fresh_copy"}  # the same values, maybe a fresh buffer
+DIM_OPS = RESHAPES | SAME | {"permute", "transpose", "t", "unsqueeze", "squeeze", "expand"}
+VIEW_OPS = DIM_OPS - {"lift_fresh_copy"}  # what view_chain walks through
+CASTS = {"_to_copy", "convert_element_type"}
 
 
 def bind(node: fx.Node) -> dict[str, Any]:
@@ -99,4 +101,5 @@ def closed(nodes: set[fx.Node], extra: list[fx.Node]) -> bool:
 
 
 def pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()

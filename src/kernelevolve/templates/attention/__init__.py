@@ -18,10 +18,11 @@ import torch.fx as fx
 
 from kernelevolve.analyze import pointwise
 from kernelevolve.analyze.graph import CapturedGraph, op_name, shape
-from kernelevolve.templates.attention.region import (CASTS, DIM_OPS, OUT_OPS, SAME, _climb, _dim_maps, _NoMatch,
-                                                     _operand_op, _out_layout, _p_chain_ok, _prune, _Region, _s_dims,
-                                                     _scale, _score_graph, _softmax)
+from kernelevolve.templates.attention.region import (OUT_OPS, _climb, _dim_maps, _NoMatch, _operand_op, _out_layout,
+                                                     _p_chain_ok, _prune, _Region, _s_dims, _scale, _score_graph,
+                                                     _softmax)
 from kernelevolve.templates.attention.render import _clamp, _helpers, _kernel, _launch_config, _launcher, _layout
+from kernelevolve.templates.graphutil import CASTS, DIM_OPS, SAME
 from kernelevolve.templates.attention.spec import _probe, _spec
 from kernelevolve.templates.base import Match, make_match
 

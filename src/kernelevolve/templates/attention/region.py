@@ -11,12 +11,9 @@ import torch.fx as fx
 from kernelevolve.analyze import pointwise
 from kernelevolve.analyze.graph import op_name, shape, tensor_args, topo_index
 from kernelevolve.templates.attention.render import _layout
+from kernelevolve.templates.graphutil import CASTS, DIM_OPS, RESHAPES, SAME
 
-RESHAPES = {"view", "_unsafe_view", "reshape"}
-SAME = {"alias", "clone", "contiguous", "detach", "lift_fresh_copy"}
-DIM_OPS = RESHAPES | SAME | {"permute", "transpose", "t", "unsqueeze", "squeeze", "expand"}
 REPLAY_OPS = DIM_OPS | {"select", "slice"}  # replayed on the runtime tensor by the launcher
-CASTS = {"_to_copy", "convert_element_type"}
 OUT_OPS = (DIM_OPS - {"expand"}) | CASTS
 INDEX_SOURCES = {"arange", "full"}
 

@@ -5,6 +5,8 @@ import inspect
 import re
 from typing import Any
 
+from kernelevolve.templates.graphutil import pow2
+
 SMEM_BUDGET = 160 * 1024  # bytes of shared memory a config may plan for (H100/H200 allow 227 KB per block)
 LOG2E = 1.4426950408889634
 
@@ -55,12 +57,8 @@ def _helpers(name: str) -> str:
 # ---- rendering ---------------------------------------------------------------------------------------------------
 
 
-def _pow2(x: int) -> int:
-    return 1 << max(x - 1, 0).bit_length()
-
-
 def _clamp(block: int, size: int) -> int:
-    return min(block, max(16, _pow2(size)))
+    return min(block, max(16, pow2(size)))
 
 
 def _aux_load(i: int, kind: str) -> str:
@@ -203,7 +201,7 @@ def _launch_config(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, in
     """Blocks clamped to the problem, and stages/key block cut until the pipelined tiles fit in shared memory."""
     _, m, n, d, dv = spec["sizes"]
     bm, bn = _clamp(int(config["BLOCK_M"]), m), _clamp(int(config["BLOCK_N"]), n)
-    bd, bdv, stages = max(16, _pow2(d)), max(16, _pow2(dv)), int(config["num_stages"])
+    bd, bdv, stages = max(16, pow2(d)), max(16, pow2(dv)), int(config["num_stages"])
     esize = 4 if spec["qk_dtype"] == "tl.float32" else 2
 
     def smem(stages: int, bn: int) -> int:

@@ -8,9 +8,9 @@ import torch.fx as fx
 
 from kernelevolve.analyze import pointwise
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape, tensor_args, topo_index
-from kernelevolve.templates.attention.region import (CASTS, DIM_OPS, REPLAY_OPS, RESHAPES, SAME, _in_map, _NoMatch,
-                                                     _Region, _scale)
+from kernelevolve.templates.attention.region import REPLAY_OPS, _in_map, _NoMatch, _Region, _scale
 from kernelevolve.templates.base import Match
+from kernelevolve.templates.graphutil import CASTS, DIM_OPS, RESHAPES, SAME
 
 HALF = (torch.float16, torch.bfloat16)
 PROBE_LIMIT = 1 << 24  # score positions probed at capture; beyond it every mask term stays and no block is skipped

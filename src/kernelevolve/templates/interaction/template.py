@@ -10,7 +10,7 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
 from kernelevolve.analyze.pointwise import can_emit
 from kernelevolve.templates.base import Match, make_match
-from kernelevolve.templates.graphutil import UPCASTS, ancestors_within, const_value, pow2, view_chain, view_map
+from kernelevolve.templates.graphutil import CASTS, RESHAPES, ancestors_within, const_value, pow2, view_chain, view_map
 from kernelevolve.templates.interaction.render import _render_dot, _render_fm
 from kernelevolve.templates.matmul.launch import precisions
 
@@ -19,7 +19,7 @@ SPACE = {"BLOCK_B": [1, 2, 4, 8], "num_warps": [4, 8, 2], "num_stages": [1, 2]}
 DOT_SPACE = {"BLOCK_K": [128, 64, 32]}  # D chunk of the Z = T T^T product, clamped to D
 MAX_F = 128  # Z is held in registers: F_pad^2 fp32 values per row
 PICKS = ("index", "index_select", "gather")
-PIECE_VIEWS = ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "clone", "contiguous", "alias")
+PIECE_VIEWS = RESHAPES | {"unsqueeze", "squeeze", "clone", "contiguous", "alias"}
 
 
 # ---- DLRM pairwise dot -----------------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def _field_sum(node: Any) -> tuple[fx.Node, int, bool, list[fx.Node]] | None:
         return None
     dims = node.args[1]
     x, nodes = node.args[0], [node]
-    while op_name(x) in UPCASTS and dtype(x) in (torch.float32, torch.float64):
+    while op_name(x) in CASTS and dtype(x) in (torch.float32, torch.float64):
         nodes.append(x)
         x = x.args[0]
     if not isinstance(dims, (list, tuple)) or len(dims) != 1 or len(shape(x)) != 3:
@@ -228,7 +228,7 @@ def _fm_core(sub: fx.Node) -> tuple[dict, list[fx.Node]] | None:
     x2 = q[0]
     x = _square_of(x2)
     peeled = []
-    while x is not None and op_name(x) in UPCASTS and dtype(x) in (torch.float32, torch.float64):
+    while x is not None and op_name(x) in CASTS and dtype(x) in (torch.float32, torch.float64):
         peeled.append(x)
         x = x.args[0]
     if x is None or x is not s[0] or s[1:3] != q[1:3] or len(shape(x)) != 3:

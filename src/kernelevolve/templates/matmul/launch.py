@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernelevolve.templates.base import Match
+from kernelevolve.templates.graphutil import pow2
 from kernelevolve.templates.matmul.kernels import _precision, gemm_kernel, reduce_kernel, upcast_flag
 
 SMEM_BYTES = 200 * 1024  # H100/H200 allow 227 KB per block; the rest is left to the epilogue's layout conversion
@@ -14,10 +15,6 @@ SMS = 132
 KNOBS: dict[str, list[Any]] = {"BLOCK_M": [128, 64, 256, 32], "BLOCK_N": [128, 64, 256, 32], "BLOCK_K": [64, 32, 128],
                                "GROUP_M": [8, 4, 1], "SPLIT_K": [1, 2, 4, 8], "num_warps": [4, 8],
                                "num_stages": [3, 4, 2, 5]}
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _itemsize(tl_dtype: str) -> int:
@@ -31,9 +28,9 @@ def _first(value: Any, values: list[Any]) -> list[Any]:
 def fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, n_b: int) -> dict[str, Any]:
     """Clamp a configuration: blocks no larger than the problem, accumulators within the registers, pipeline
     buffers within shared memory. Every combination of the knob values renders a kernel that compiles."""
-    bm = min(config["BLOCK_M"], max(16, _pow2(sizes["M"])))
-    bn = min(config["BLOCK_N"], max(16, _pow2(sizes["N"])))
-    bk = min(config["BLOCK_K"], max(16, _pow2(sizes["K"])))
+    bm = min(config["BLOCK_M"], max(16, pow2(sizes["M"])))
+    bn = min(config["BLOCK_N"], max(16, pow2(sizes["N"])))
+    bk = min(config["BLOCK_K"], max(16, pow2(sizes["K"])))
     warps, stages = config["num_warps"], config["num_stages"]
     while n_b * bm * bn > 128 * 32 * warps:  # more than 128 fp32 accumulator registers per thread spills
         if warps < 8:
@@ -63,7 +60,7 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
     m, n, k, bt = sizes["M"], sizes["N"], sizes["K"], sizes["Bt"]
     ieee = dot == "tl.float32" and not allow_tf32
     tiles = [(128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32)][n_b > 1 or ieee:]
-    fitting = [(bm, bn) for bm, bn in tiles if bm <= max(32, _pow2(m)) and bn <= max(32, _pow2(n))]
+    fitting = [(bm, bn) for bm, bn in tiles if bm <= max(32, pow2(m)) and bn <= max(32, pow2(n))]
     count = lambda t: bt * -(-m // t[0]) * -(-n // t[1])  # noqa: E731
     # the largest tile that still gives two waves over the 132 SMs of an H100/H200 (a 4096x1024x1024 bf16 GEMM:
     # 64x128 tiles 0.030 ms, 128x128 0.060 ms)
@@ -78,10 +75,10 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
 
 
 def fit_fused(config: dict[str, Any], s0: dict[str, int], s1: dict[str, int], itemsize: int) -> dict[str, Any]:
-    bm = min(config["BLOCK_M"], max(16, _pow2(s0["M"])))
-    bk = min(config["BLOCK_K"], max(16, _pow2(s0["K"])))
-    bn = min(config["BLOCK_N"], max(16, _pow2(s1["N"])))
-    bh = max(16, _pow2(s0["N"]))
+    bm = min(config["BLOCK_M"], max(16, pow2(s0["M"])))
+    bk = min(config["BLOCK_K"], max(16, pow2(s0["K"])))
+    bn = min(config["BLOCK_N"], max(16, pow2(s1["N"])))
+    bh = max(16, pow2(s0["N"]))
     warps, stages = config["num_warps"], config["num_stages"]
     while bm > 16 and bm * (bh + bn) > 128 * 32 * warps:  # both accumulators live at once
         if warps < 8:

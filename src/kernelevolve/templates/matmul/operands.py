@@ -11,12 +11,11 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, is_convex, op_name, region_io, shape, tensor_args
 from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit
+from kernelevolve.templates.graphutil import CASTS, DIM_OPS
 
 GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "permute", "transpose", "t", "alias", "clone",
-         "detach", "contiguous", "lift_fresh_copy"}
-CASTS = {"_to_copy", "convert_element_type"}
+VIEWS = DIM_OPS - {"expand"}  # an operand's chain to its GEMM; a broadcast is replayed separately
 OPERAND_OPS = VIEWS | CASTS | {"expand", "select", "slice"}
 SPLITS = {"split", "split_with_sizes"}
 MAX_EXTRAS = 8

@@ -9,7 +9,7 @@ import torch
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, op_name, shape
-from kernelevolve.templates.graphutil import UPCASTS, ancestors_within, bind, const_value
+from kernelevolve.templates.graphutil import CASTS, ancestors_within, bind, const_value
 from kernelevolve.templates.segment.sources import _from_lengths, _from_offsets, _gather, _segment_ids, _values
 
 BAG_OPS = {"_embedding_bag", "_embedding_bag_forward_only", "embedding_bag"}
@@ -103,7 +103,7 @@ def _fixed_sink(node: fx.Node) -> tuple[dict, dict, list[fx.Node]] | None:
         return None
     n_bags, length, _ = shape(x)
     nodes = [node]
-    while op_name(x) in UPCASTS and dtype(x) in (torch.float32, torch.float64) and len(x.users) == 1:
+    while op_name(x) in CASTS and dtype(x) in (torch.float32, torch.float64) and len(x.users) == 1:
         nodes.append(x)
         x = x.args[0]
     if length < 1 or len(x.users) != 1:

@@ -9,7 +9,7 @@ import torch
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, op_name, shape
-from kernelevolve.templates.graphutil import UPCASTS, ancestors_within, bind, const_value, view_chain, view_map
+from kernelevolve.templates.graphutil import CASTS, ancestors_within, bind, const_value, view_chain, view_map
 
 
 def _gather(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
@@ -32,7 +32,7 @@ def _values(node: fx.Node, n_rows: int) -> tuple[dict[str, fx.Node], list[fx.Nod
     """The source of pooled rows [N, D]: roles (table, idx, psw or values) and the nodes absorbed."""
     roles: dict[str, fx.Node] = {}
     nodes: list[fx.Node] = []
-    while op_name(node) in UPCASTS and dtype(node) in (torch.float32, torch.float64) and len(node.users) == 1:
+    while op_name(node) in CASTS and dtype(node) in (torch.float32, torch.float64) and len(node.users) == 1:
         nodes.append(node)
         node = node.args[0]
     if op_name(node) == "mul" and len(node.users) == 1 and all(isinstance(a, fx.Node) for a in node.args):

@@ -1,14 +1,4 @@
-"""Fused reductions along one dimension, with every pointwise op around them: softmax, log-softmax, layer norm,
-RMS norm with its residual, cross-entropy, sums, means, maxima, column reductions.
-
-A region is a set of nodes over one shape F reduced along one dim d. Each value in it is a *vector* (varies along d,
-held as a [BLOCK_R, BLOCK_C] tile) or a *row scalar* (held as [BLOCK_R, 1]). A row scalar may live in the squeezed
-frame (a reduction with keepdim=False); views that only add or drop the reduced dim are free. ``gather`` along d by a
-row-scalar index becomes a masked sum, which fuses cross-entropy's target pick.
-
-Two schedules: *persistent* keeps the whole row in registers (one read of every input); *looped* walks the row in
-chunks, one pass per reduction plus one for the vector outputs, recomputing pointwise work instead of storing it.
-"""
+"""The row-reduction family: which regions it claims, its config space, and its render entry."""
 from __future__ import annotations
 
 import math
@@ -20,46 +10,9 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import CapturedGraph, convex_core, dtype, op_name, shape
 from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit
 from kernelevolve.templates.base import Match, make_match
+from kernelevolve.templates.graphutil import pow2
+from kernelevolve.templates.rowreduce.frame import MAX_TILE, VIEWS, Frame, keepdim, reduced_dim
 
-REDUCTIONS = {"sum": "0.0", "amax": "float('-inf')", "amin": "float('inf')"}
-VIEWS = {"view", "reshape", "unsqueeze", "squeeze", "_unsafe_view", "expand"}
-MAX_TILE = 16384  # elements per [BLOCK_R, BLOCK_C] tile before a persistent row stops fitting in registers
-
-
-def _reduced_dim(node: fx.Node) -> int | None:
-    if node.op != "call_function" or op_name(node) not in REDUCTIONS or len(node.args) < 2:
-        return None
-    dims = node.args[1] if isinstance(node.args[1], (list, tuple)) else [node.args[1]]
-    src = shape(node.args[0])
-    if len(dims) != 1 or not src or not torch.is_floating_point(node.args[0].meta["val"]):
-        return None
-    return dims[0] % len(src)
-
-
-def _keepdim(node: fx.Node) -> bool:
-    return bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
-
-
-class _Frame:
-    """F, the reduced dim d, and what shape a value may have in this region."""
-
-    def __init__(self, full: tuple[int, ...], d: int):
-        self.full, self.d = full, d
-        self.scal = full[:d] + (1,) + full[d + 1:]
-        self.sq = full[:d] + full[d + 1:]
-
-    def fits(self, s: tuple[int, ...]) -> bool:
-        return len(s) <= len(self.full) and all(a in (b, 1) for a, b in zip(reversed(s), reversed(self.full)))
-
-    def fits_sq(self, s: tuple[int, ...]) -> bool:
-        return len(s) <= len(self.sq) and all(a in (b, 1) for a, b in zip(reversed(s), reversed(self.sq)))
-
-    def in_full(self, s: tuple[int, ...], squeezed: bool) -> tuple[int, ...]:
-        """A shape as it broadcasts in F (rank len(F)), read in the squeezed frame when ``squeezed``."""
-        if squeezed:
-            s = (1,) * (len(self.sq) - len(s)) + tuple(s)
-            return s[:self.d] + (1,) + s[self.d:]
-        return (1,) * (len(self.full) - len(s)) + tuple(s)
 
 
 class RowReduceTemplate:
@@ -69,10 +22,10 @@ class RowReduceTemplate:
         matches: list[Match] = []
         used = set(taken)
         for seed in graph.calls():
-            d = _reduced_dim(seed)
+            d = reduced_dim(seed)
             if seed in used or d is None:
                 continue
-            frame = _Frame(shape(seed.args[0]), d)
+            frame = Frame(shape(seed.args[0]), d)
             region = self._grow(seed, frame, used)
             if region is None:
                 continue
@@ -87,13 +40,13 @@ class RowReduceTemplate:
             used |= set(m.nodes)
         return matches
 
-    def _admits(self, n: fx.Node, frame: _Frame) -> bool:
+    def _admits(self, n: fx.Node, frame: Frame) -> bool:
         if n.op != "call_function" or not isinstance(n.meta.get("val"), torch.Tensor):
             return False
         s = shape(n)
         name = op_name(n)
-        if _reduced_dim(n) is not None:
-            return shape(n.args[0]) == frame.full and _reduced_dim(n) == frame.d
+        if reduced_dim(n) is not None:
+            return shape(n.args[0]) == frame.full and reduced_dim(n) == frame.d
         if name == "expand":  # a row scalar broadcast along the row: free, it stays a [BLOCK_R, 1] value
             return shape(n.args[0]) == frame.scal and s == frame.full
         if name in VIEWS:
@@ -103,7 +56,7 @@ class RowReduceTemplate:
                     and shape(n.args[0]) == frame.full)
         return can_emit(n) and (frame.fits(s) or frame.fits_sq(s))
 
-    def _grow(self, seed: fx.Node, frame: _Frame, used: set[fx.Node]) -> set[fx.Node] | None:
+    def _grow(self, seed: fx.Node, frame: Frame, used: set[fx.Node]) -> set[fx.Node] | None:
         region, stack = {seed}, [seed]
         while stack:
             n = stack.pop()
@@ -128,13 +81,13 @@ class RowReduceTemplate:
                     changed = True
         return region
 
-    def _squeezed(self, region: set[fx.Node], frame: _Frame) -> set[fx.Node]:
+    def _squeezed(self, region: set[fx.Node], frame: Frame) -> set[fx.Node]:
         """Nodes that live in the squeezed frame, decided by provenance in graph order."""
         order = {n: i for i, n in enumerate(next(iter(region)).graph.nodes)}
         sq: set[fx.Node] = set()
         for n in sorted(region, key=order.__getitem__):
-            if _reduced_dim(n) is not None:
-                if not _keepdim(n):
+            if reduced_dim(n) is not None:
+                if not keepdim(n):
                     sq.add(n)
             elif op_name(n) in VIEWS:
                 if shape(n) == frame.sq and frame.sq != frame.scal:
@@ -145,8 +98,8 @@ class RowReduceTemplate:
                     sq.add(n)
         return sq
 
-    def _storable(self, m: Match, frame: _Frame, sq: set[fx.Node]) -> bool:
-        if not any(_reduced_dim(n) is not None for n in m.nodes):
+    def _storable(self, m: Match, frame: Frame, sq: set[fx.Node]) -> bool:
+        if not any(reduced_dim(n) is not None for n in m.nodes):
             return False
         if any(op_name(o) == "expand" for o in m.outputs):  # held as a row scalar, it has no full tile to store
             return False
@@ -155,7 +108,7 @@ class RowReduceTemplate:
                 return False
             if n not in sq and not frame.fits(shape(n)) and op_name(n) not in VIEWS:
                 return False
-            if op_name(n) in VIEWS or _reduced_dim(n) is not None:  # these read the full frame by definition
+            if op_name(n) in VIEWS or reduced_dim(n) is not None:  # these read the full frame by definition
                 continue
             mixed = [a for a in n.all_input_nodes if a in m.nodes]
             if n in sq and any(a not in sq and math.prod(shape(a)) != 1 for a in mixed):
@@ -168,7 +121,7 @@ class RowReduceTemplate:
         rows = 1
         for i, s in enumerate(full):
             rows *= s if i != d else 1
-        persistent = [True, False] if _pow2(c) <= MAX_TILE else [False]
+        persistent = [True, False] if pow2(c) <= MAX_TILE else [False]
         if d != len(full) - 1:  # a column reduction: tiles along the contiguous row dim
             block_r = [64, 32, 128, 16, 256]
         else:
@@ -182,14 +135,14 @@ class RowReduceTemplate:
             out["PERSISTENT"] = [False] + [p for p in persistent if p is not False]
             if d != len(full) - 1:
                 out["BLOCK_C"] = [64, 32, 128, 16]
-        tile = (_pow2(c) if out["PERSISTENT"][0] else min(out["BLOCK_C"][0], _pow2(c))) * min(out["BLOCK_R"][0], rows)
+        tile = (pow2(c) if out["PERSISTENT"][0] else min(out["BLOCK_C"][0], pow2(c))) * min(out["BLOCK_R"][0], rows)
         out["num_warps"] = _warps(tile)
         return out
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
-        from kernelevolve.templates.rowreduce_codegen import render_region
+        from kernelevolve.templates.rowreduce.codegen import render_region
 
-        return render_region(match, config, name, _Frame(tuple(match.spec["full"]), match.spec["dim"]))
+        return render_region(match, config, name, Frame(tuple(match.spec["full"]), match.spec["dim"]))
 
 
 def _warps(tile: int) -> list[int]:
@@ -201,10 +154,6 @@ def _warps(tile: int) -> list[int]:
 
 def splittable(match: Match) -> bool:
     """A lone fp32 sum whose output is the sum itself can be split along the reduced dim, finished by atomic adds."""
-    reds = [n for n in match.nodes if _reduced_dim(n) is not None or op_name(n) == "gather"]
+    reds = [n for n in match.nodes if reduced_dim(n) is not None or op_name(n) == "gather"]
     return (len(reds) == 1 and op_name(reds[0]) == "sum" and match.outputs == reds
             and dtype(reds[0]) == torch.float32)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())

@@ -8,7 +8,8 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import dtype, op_name, shape
 from kernelevolve.analyze.pointwise import TL_DTYPES, expression
 from kernelevolve.templates.pointwise import load_type, broadcast_strides, contiguous_strides, merge_dims, offset_expr
-from kernelevolve.templates.rowreduce import MAX_TILE, REDUCTIONS, VIEWS, _Frame, _pow2, _reduced_dim
+from kernelevolve.templates.graphutil import pow2
+from kernelevolve.templates.rowreduce.frame import MAX_TILE, REDUCTIONS, VIEWS, Frame, reduced_dim
 
 
 class _Operand:
@@ -25,7 +26,7 @@ class _Operand:
 
 
 class _Gen:
-    def __init__(self, match: Any, frame: _Frame):
+    def __init__(self, match: Any, frame: Frame):
         self.m, self.f = match, frame
         self.region = list(match.nodes)
         self.inside = set(self.region)
@@ -46,7 +47,7 @@ class _Gen:
     def _plan(self) -> None:
         for n in self.region:
             name = op_name(n)
-            if _reduced_dim(n) is not None or name == "gather" or name in VIEWS:
+            if reduced_dim(n) is not None or name == "gather" or name in VIEWS:
                 self.vec[n] = False
                 args = [n.args[0]] if name != "gather" else [n.args[0], n.args[2]]
             else:
@@ -65,7 +66,7 @@ class _Gen:
             self.outs.append(_Operand(f"out{k}", st, self.f.d, self.f.full[self.f.d]))
 
     def reads_squeezed(self, n: fx.Node) -> bool:
-        return n in self.sq and _reduced_dim(n) is None
+        return n in self.sq and reduced_dim(n) is None
 
     # ---- emission -------------------------------------------------------------------------------------------------
 
@@ -93,7 +94,7 @@ class _Gen:
         if name in VIEWS:
             env[n] = env[n.args[0]]
             return
-        red = _reduced_dim(n) is not None or name == "gather"
+        red = reduced_dim(n) is not None or name == "gather"
         if red:
             src = env[n.args[0]]
             if name == "gather":
@@ -117,7 +118,7 @@ class _Gen:
 
     def inputs_of(self, n: fx.Node) -> list[fx.Node]:
         name = op_name(n)
-        if name in VIEWS or _reduced_dim(n) is not None:
+        if name in VIEWS or reduced_dim(n) is not None:
             return [n.args[0]]
         if name == "gather":
             return [n.args[0], n.args[2]]
@@ -158,20 +159,20 @@ class _Gen:
             self.node(n, env, ind, lines)
 
 
-def render_region(match: Any, config: dict[str, Any], name: str, frame: _Frame) -> str:
+def render_region(match: Any, config: dict[str, Any], name: str, frame: Frame) -> str:
     g = _Gen(match, frame)
     g.merge()
     c = frame.full[frame.d]
     rows = 1
     for s in frame.sq:
         rows *= s
-    block_r = max(1, min(int(config["BLOCK_R"]), _pow2(rows)))
-    persistent = bool(config["PERSISTENT"]) and _pow2(c) <= MAX_TILE
+    block_r = max(1, min(int(config["BLOCK_R"]), pow2(rows)))
+    persistent = bool(config["PERSISTENT"]) and pow2(c) <= MAX_TILE
     if persistent:
-        block_c = _pow2(c)
+        block_c = pow2(c)
         block_r = max(1, min(block_r, MAX_TILE // block_c))
     else:
-        block_c = max(16, min(int(config["BLOCK_C"]), _pow2(c)))
+        block_c = max(16, min(int(config["BLOCK_C"]), pow2(c)))
     split = int(config.get("SPLIT", 1)) if not persistent else 1
     span = triton_cdiv(triton_cdiv(c, split), block_c) * block_c
     split = triton_cdiv(c, span)
@@ -234,7 +235,7 @@ def _body_looped(g: _Gen, c: int, span: int | None = None) -> list[str]:
     env: dict[fx.Node, str] = {}
     lines: list[str] = []
     outer_loaded: set[tuple[fx.Node, bool]] = set()
-    reds = [n for n in g.region if _reduced_dim(n) is not None or op_name(n) == "gather"]
+    reds = [n for n in g.region if reduced_dim(n) is not None or op_name(n) == "gather"]
     chunk = [f"{ind}for c0 in range(0, {c}, BLOCK_C):", f"{inner}cols = c0 + cbase", f"{inner}cmask = cols < {c}",
              f"{inner}mask = rmask & cmask"]
     if span is not None:  # this program's share of the reduced dim; the partial sums meet in atomic adds
@@ -361,7 +362,7 @@ def _scalar_ancestors(g: _Gen, n: fx.Node, env: dict[fx.Node, str]) -> list[fx.N
         if x in seen or x in env:
             return
         seen.add(x)
-        if not g.vec[x] and (_reduced_dim(x) is None and op_name(x) != "gather") and x is not n:
+        if not g.vec[x] and (reduced_dim(x) is None and op_name(x) != "gather") and x is not n:
             out.append(x)
             return
         if x is n or g.vec[x]:
