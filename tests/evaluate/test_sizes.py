@@ -15,7 +15,8 @@ CHEATS = Path(__file__).resolve().parents[1] / "cheats"
 def test_large_genuine_candidate_is_ok_and_timed(new_evaluator, candidate):
     """256 MB in and 256 MB out: every cost of the timed loop that grows with the data (refills, checked copies,
     moving those copies out) is covered by the calibration, or kept out of the parent's window."""
-    ev = new_evaluator("problem_large.py", trials=1, timing=TimingConfig(budget_ms=100.0, warmup_ms=20.0, max_reps=10))
+    ev = new_evaluator("problem_large.py", trials=1, timeout_s=240.0,
+                       timing=TimingConfig(budget_ms=100.0, warmup_ms=20.0, max_reps=10))
     r = ev.evaluate(candidate("large_genuine"))
     assert r.status is Status.OK, (r.reason, r.error)
     assert r.timed and r.timing is not None
@@ -26,7 +27,8 @@ def test_large_genuine_candidate_is_ok_and_timed(new_evaluator, candidate):
 
 
 def test_large_reference_baseline_is_timed(new_evaluator):
-    ev = new_evaluator("problem_large.py", timing=TimingConfig(budget_ms=100.0, warmup_ms=20.0, max_reps=10))
+    ev = new_evaluator("problem_large.py", timeout_s=240.0,
+                       timing=TimingConfig(budget_ms=100.0, warmup_ms=20.0, max_reps=10))
     b = ev.baseline(compiled=False)
     assert b.eager is not None, b.error
 
@@ -40,13 +42,13 @@ def test_forged_channel_timing_is_rejected(scale_evaluator, candidate):
 
 
 def test_long_reduction_in_another_order_is_correct(new_evaluator, candidate):
-    ev = new_evaluator("problem_long_reduction.py")
+    ev = new_evaluator("problem_long_reduction.py", timeout_s=240.0)  # the deadline is not what this test is about
     r = ev.evaluate(candidate("long_reduction_reordered"))
     assert r.status is Status.OK, (r.reason, r.error)
 
 
 def test_lower_precision_long_reductions_are_incorrect(new_evaluator, candidate):
-    ev = new_evaluator("problem_long_reduction.py", time_candidates=False)
+    ev = new_evaluator("problem_long_reduction.py", time_candidates=False, timeout_s=240.0)
     for name in ("long_reduction_bf16", "long_reduction_tf32"):
         r = ev.evaluate(candidate(name))
         assert r.status is Status.INCORRECT, (name, r.reason, r.error)
