@@ -4,6 +4,7 @@ import pytest
 
 from kernelevolve.knowledge import (ANY, ARCHITECTURES, BOTTLENECKS, FAMILIES, NOTES_DIR, KnowledgeError, Note,
                                     applies_to, device_tag, load_notes, parse_note, render, retrieve)
+from kernelevolve.templates.registry import NAMES
 
 H200 = "NVIDIA H200"
 MI300X = "AMD Instinct MI300X"
@@ -34,6 +35,10 @@ def test_package_notes_parse_with_valid_fields():
         for device in note.devices:
             assert device == ANY or device in ARCHITECTURES or device_tag(device) is not None, (note.name, device)
         assert 25 <= len(note.text.splitlines()) <= 130, note.name
+
+
+def test_note_vocabulary_is_the_template_families():
+    assert FAMILIES == NAMES
 
 
 def test_package_notes_cover_families_architectures_and_bottlenecks():
@@ -113,7 +118,7 @@ def test_other_device_drops_hopper_notes():
     assert unknown[0].name == "compute-bound-gemm"
 
 
-def test_family_aliases_from_templates():
+def test_template_family_names_retrieve_their_notes():
     assert retrieve(None, ["interaction"], "memory")[0].name == "feature-interactions"
     assert retrieve(None, ["segment"], None)[0].name == "jagged-embedding"
 

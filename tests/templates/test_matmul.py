@@ -13,8 +13,9 @@ from kernelevolve.analyze.graph import capture, node_values, op_name
 from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS
 from kernelevolve.problem import load_problem
 from kernelevolve.templates.base import FILE_HEADER, load_source
-from kernelevolve.templates.matmul import (FAMILIES, KNOBS, BatchedSmallTemplate, CrossTemplate, DualGemmTemplate,
-                                           MatmulTemplate, fit, gemm_space)
+from kernelevolve.templates.matmul import (KNOBS, BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, MatmulTemplate,
+                                           fit, gemm_space)
+from kernelevolve.templates.registry import FAMILIES
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 DTYPES = [torch.float32, torch.bfloat16]
@@ -35,10 +36,13 @@ def capture_problem(tmp_path, forward: str, inputs: str, init: str = "pass", dty
     return capture(load_problem(path))
 
 
+MATMUL = {BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, MatmulTemplate}
+
+
 def find_all(graph) -> list:
-    """Every family in order, each seeing what the earlier ones claimed."""
+    """Every matmul family in the registry's order, each seeing what the earlier ones claimed."""
     taken, found = set(), []
-    for family in FAMILIES:
+    for family in [f.template for f in FAMILIES if f.template in MATMUL]:
         for match in family().find(graph, taken):
             taken |= set(match.nodes)
             found.append(match)

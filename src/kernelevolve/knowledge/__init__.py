@@ -9,8 +9,10 @@ A note file starts with a block such as::
     devices: any
     ---
 
-``families`` and ``bottlenecks`` take names from FAMILIES and BOTTLENECKS (or ``any``); ``devices`` takes ``any``,
-architecture tags from ARCHITECTURES, or device names matched as whole words against the device's name ("H100").
+``families`` takes the template families' names (FAMILIES, from ``kernelevolve.templates.registry``), the names
+the prompted proposers pass to ``retrieve``; ``bottlenecks`` takes names from BOTTLENECKS; both also take ``any``.
+``devices`` takes ``any``, architecture tags from ARCHITECTURES, or device names matched as whole words against the
+device's name ("H100").
 """
 from __future__ import annotations
 
@@ -19,15 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from kernelevolve.templates.registry import NAMES
+
 NOTES_DIR = Path(__file__).resolve().parent / "notes"
 
-FAMILIES = ("pointwise", "row_reduction", "column_reduction", "matmul", "dual_gemm", "batched_matmul", "cross",
-            "attention", "segment_reduction", "pairwise_interaction")
+FAMILIES = NAMES
 BOTTLENECKS = ("memory", "compute", "latency")
 ARCHITECTURES = ("hopper", "ampere", "cdna3")
 ANY = "any"
-# Template family and region-kind names that differ from the note vocabulary.
-FAMILY_ALIASES = {"interaction": "pairwise_interaction", "segment": "segment_reduction", "dcn_cross": "cross"}
 
 # Device names as torch reports them ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "AMD Instinct MI300X"), and
 # ROCm arch names for builds that report only those. First match wins; patterns are case-insensitive whole words.
@@ -187,7 +188,7 @@ def retrieve(device_name: str | None, families: Sequence[str], bound: str | None
     Notes whose devices exclude this device are dropped. Adding stops at the first note that would overflow
     ``max_chars``, except that an architecture note too large on its own is skipped rather than ending the list.
     """
-    wanted = {FAMILY_ALIASES.get(f, f) for f in families} - {ANY}
+    wanted = set(families) - {ANY}
     bound = bound if bound in BOTTLENECKS else None
     ranked = []
     for note in load_notes(extra_dirs):

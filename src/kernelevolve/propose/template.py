@@ -9,7 +9,6 @@ come from each family's defaults, a prior from the profile's bound class, and wh
 """
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import random
@@ -22,32 +21,8 @@ from kernelevolve.rows import runtime
 
 log = logging.getLogger(__name__)
 
-# (module, class) in the order families claim regions: the bigger pattern wins.
-FAMILIES: list[tuple[str, str]] = [
-    ("kernelevolve.templates.matmul", "BatchedSmallTemplate"),  # a small fused 2-layer chain, before attention
-    ("kernelevolve.templates.attention", "AttentionTemplate"),
-    ("kernelevolve.templates.interaction", "InteractionTemplate"),
-    ("kernelevolve.templates.segment", "SegmentTemplate"),
-    ("kernelevolve.templates.matmul", "DualGemmTemplate"),
-    ("kernelevolve.templates.matmul", "CrossTemplate"),
-    ("kernelevolve.templates.matmul", "MatmulTemplate"),
-    ("kernelevolve.templates.rowreduce", "RowReduceTemplate"),
-    ("kernelevolve.templates.pointwise", "PointwiseTemplate"),
-]
-# Families whose region can also run as the plain ATen op (cuBLAS); the search decides per region.
-OPTIONAL = {"matmul", "batched_matmul", "dual_gemm", "cross"}
 USE = "_use"
 PARENTS = 4  # fastest genomes the search breeds from
-
-
-def load_templates() -> list[Any]:
-    out = []
-    for module, cls in FAMILIES:
-        try:
-            out.append(getattr(importlib.import_module(module), cls)())
-        except (ImportError, AttributeError) as e:
-            log.debug("template family %s.%s unavailable: %s", module, cls, e)
-    return out
 
 
 @dataclass
@@ -82,9 +57,12 @@ class Plan:
 
 def _claim(graph: Any, problem: Any, device: str) -> Plan:
     """Let every family claim its regions of ``graph``, most specific first."""
+    from kernelevolve.templates.registry import FAMILIES
+
     taken: set[Any] = set()
     plan = Plan(graph, problem.source)
-    for t in load_templates():
+    for family in FAMILIES:
+        t = family.template()
         try:
             found = t.find(graph, taken)
         except Exception as e:  # a family's matcher must not take the whole proposer down
@@ -95,7 +73,7 @@ def _claim(graph: Any, problem: Any, device: str) -> Plan:
                 continue
             m.spec.setdefault("allow_tf32", bool(problem.allow_tf32))
             space = dict(t.space(m, device))
-            if m.family in OPTIONAL:
+            if family.optional:
                 space[USE] = [True, False]
             plan.regions.append(Region(t, m, space))
             taken |= set(m.nodes)

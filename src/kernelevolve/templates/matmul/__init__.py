@@ -9,9 +9,7 @@ of the address. Half operands up-cast for an fp32 GEMM (how half ``baddbmm`` tra
 Families tried first claim bigger regions: two GEMMs that share their A and meet in one pointwise result (SwiGLU), two
 chained batched layers (multi-task towers) and DCN cross layers.
 """
-from kernelevolve.templates.matmul.families import (FAMILIES, BatchedSmallTemplate, CrossTemplate, DualGemmTemplate,
-                                                    MatmulTemplate)
+from kernelevolve.templates.matmul.families import BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, MatmulTemplate
 from kernelevolve.templates.matmul.launch import KNOBS, fit, gemm_space
 
-__all__ = ["FAMILIES", "KNOBS", "BatchedSmallTemplate", "CrossTemplate", "DualGemmTemplate", "MatmulTemplate", "fit",
-           "gemm_space"]
+__all__ = ["KNOBS", "BatchedSmallTemplate", "CrossTemplate", "DualGemmTemplate", "MatmulTemplate", "fit", "gemm_space"]

@@ -1,4 +1,4 @@
-"""The matmul-shaped families, tried in order so that the bigger patterns claim their nodes first."""
+"""The matmul-shaped families. ``kernelevolve.templates.registry`` tries the bigger patterns before the plain GEMM."""
 from __future__ import annotations
 
 from typing import Any
@@ -252,7 +252,3 @@ class BatchedSmallTemplate:
                  prep_text(name, s0, ins, stores=False), prep_text(name, s1, ins),
                  fused_launcher(name, match, s0, s1, cfg)]
         return "\n\n\n".join(parts) + "\n"
-
-
-# Tried in this order: the bigger patterns claim their nodes before the plain GEMM sees them.
-FAMILIES = (DualGemmTemplate, BatchedSmallTemplate, CrossTemplate, MatmulTemplate)
