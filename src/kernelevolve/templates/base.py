@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch.fx as fx
 
@@ -85,3 +85,18 @@ def load_source(source: str, name: str = "kernelevolve_rendered") -> ModuleType:
 
 
 FILE_HEADER = "import torch\nimport triton\nimport triton.language as tl\n"
+
+
+def claim_each(graph: CapturedGraph, taken: set[fx.Node],
+               claim: Callable[[fx.Node, set[fx.Node]], Match | None]) -> list[Match]:
+    """Offer every call of ``graph`` not yet taken to ``claim``, in graph order; the nodes of each match are taken
+    from then on. ``claim`` gets the node and the nodes taken so far, and answers with a match or None."""
+    used, found = set(taken), []
+    for node in graph.calls():
+        if node in used:
+            continue
+        match = claim(node, used)
+        if match is not None:
+            found.append(match)
+            used |= set(match.nodes)
+    return found

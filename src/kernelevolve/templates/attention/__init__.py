@@ -24,7 +24,7 @@ from kernelevolve.templates.attention.region import (OUT_OPS, _climb, _dim_maps,
 from kernelevolve.templates.attention.render import _clamp, _helpers, _kernel, _launch_config, _launcher, _layout
 from kernelevolve.templates.graphutil import CASTS, DIM_OPS, SAME
 from kernelevolve.templates.attention.spec import _probe, _spec
-from kernelevolve.templates.base import Match, make_match
+from kernelevolve.templates.base import Match, claim_each, make_match
 
 __all__ = ["AttentionTemplate", "_layout"]
 
@@ -85,18 +85,16 @@ class AttentionTemplate:
     family = "attention"
 
     def find(self, graph: CapturedGraph, taken: set[fx.Node]) -> list[Match]:
-        used, matches = set(taken), []
-        for pv in graph.calls():
-            if op_name(pv) != "bmm" or pv in used:
-                continue
+        def claim(pv: fx.Node, used: set[fx.Node]) -> Match | None:
+            if op_name(pv) != "bmm":
+                return None
             try:
-                match = _match(graph, pv, used)
+                return _match(graph, pv, used)
             except _NoMatch as e:
                 log.debug("attention at %s: %s", pv.name, e)
-                continue
-            matches.append(match)
-            used |= set(match.nodes)
-        return matches
+                return None
+
+        return claim_each(graph, taken, claim)
 
     def space(self, match: Match, device: str) -> dict[str, list[Any]]:
         # H200, B=4 S=2048: bf16 D=64 is best at 128x64 with 4 warps (0.125 ms causal); D=128 at 64x64 with 4 warps

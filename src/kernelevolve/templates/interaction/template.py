@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
 from kernelevolve.analyze.pointwise import can_emit
-from kernelevolve.templates.base import Match, make_match
+from kernelevolve.templates.base import Match, claim_each, make_match
 from kernelevolve.templates.graphutil import CASTS, RESHAPES, ancestors_within, const_value, pow2, view_chain, view_map
 from kernelevolve.templates.interaction.render import _render_dot, _render_fm
 from kernelevolve.templates.matmul.launch import precisions
@@ -277,18 +277,12 @@ class InteractionTemplate:
     family = FAMILY
 
     def find(self, graph: CapturedGraph, taken: set[fx.Node]) -> list[Match]:
-        matches: list[Match] = []
-        used = set(taken)
-        for node in graph.calls():
-            if node in used:
-                continue
+        def claim(node: fx.Node, used: set[fx.Node]) -> Match | None:
             name = op_name(node)
-            match = _dot_match(node, used, graph.gm) if name == "bmm" else \
+            return _dot_match(node, used, graph.gm) if name == "bmm" else \
                 _fm_match(node, used) if name == "sub" else None
-            if match is not None:
-                matches.append(match)
-                used |= set(match.nodes)
-        return matches
+
+        return claim_each(graph, taken, claim)
 
     def space(self, match: Match, device: str) -> dict[str, list[Any]]:
         space = {k: list(v) for k, v in SPACE.items()}

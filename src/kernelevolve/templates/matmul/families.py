@@ -7,7 +7,7 @@ import torch
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, region_io, shape, tensor_args
-from kernelevolve.templates.base import Match, make_match
+from kernelevolve.templates.base import Match, claim_each, make_match
 from kernelevolve.templates.matmul.kernels import _precision, fused_kernel, upcast_flag
 from kernelevolve.templates.matmul.launch import (KNOBS, _first, _itemsize, fit_fused, fused_launcher, gemm_space,
                                                   launcher_text, precisions, prep_text, render_gemm)
@@ -37,14 +37,7 @@ class MatmulTemplate:
     kind = "matmul"
 
     def find(self, graph: CapturedGraph, taken: set[fx.Node]) -> list[Match]:
-        taken, found = set(taken), []
-        for node in graph.calls():
-            if is_gemm(node, taken):
-                match = self.claim(node, taken)
-                if match is not None:
-                    found.append(match)
-                    taken |= set(match.nodes)
-        return found
+        return claim_each(graph, taken, lambda n, used: self.claim(n, used) if is_gemm(n, used) else None)
 
     def claim(self, node: fx.Node, taken: set[fx.Node]) -> Match | None:
         return single(self.family, self.kind, node, taken)[0]
@@ -160,14 +153,8 @@ class BatchedSmallTemplate:
     kind = "batched_matmul"
 
     def find(self, graph: CapturedGraph, taken: set[fx.Node]) -> list[Match]:
-        taken, found = set(taken), []
-        for node in graph.calls():
-            if is_gemm(node, taken) and op_name(node) in ("bmm", "baddbmm"):
-                match = self.chain(node, taken)
-                if match is not None:
-                    found.append(match)
-                    taken |= set(match.nodes)
-        return found
+        return claim_each(graph, taken, lambda n, used: self.chain(n, used)
+                          if is_gemm(n, used) and op_name(n) in ("bmm", "baddbmm") else None)
 
     @staticmethod
     def _next_layer(hn: fx.Node, taken: set[fx.Node]) -> fx.Node | None:

@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph, dtype, is_convex, op_name, shape
 from kernelevolve.analyze.pointwise import can_emit
-from kernelevolve.templates.base import Match, make_match
+from kernelevolve.templates.base import Match, claim_each, make_match
 from kernelevolve.templates.graphutil import closed, pow2
 from kernelevolve.templates.segment.render import _render
 from kernelevolve.templates.segment.sinks import BAG_OPS, _normalise, _sink
@@ -100,19 +100,15 @@ class SegmentTemplate:
     family = FAMILY
 
     def find(self, graph: CapturedGraph, taken: set[fx.Node]) -> list[Match]:
-        matches: list[Match] = []
-        used = set(taken)
-        for node in graph.calls():
-            if node in used:
-                continue
+        def claim(node: fx.Node, used: set[fx.Node]) -> Match | None:
             # offset-built ids as offsets, with the bag counts beside them; then without the counts; then as ids
             for offsets, counts in ((True, True), (True, False), (False, False)):
                 match = self._claim(node, graph.gm, used, offsets, counts)
                 if match is not None:
-                    matches.append(match)
-                    used |= set(match.nodes)
-                    break
-        return matches
+                    return match
+            return None
+
+        return claim_each(graph, taken, claim)
 
     def _claim(self, node: fx.Node, gm: fx.GraphModule, used: set[fx.Node], offsets: bool,
                counts: bool) -> Match | None:
