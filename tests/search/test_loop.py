@@ -9,7 +9,7 @@ from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
 from kernelevolve.problem import Problem, source_sha
 from kernelevolve.propose.base import ProposalContext
-from kernelevolve.search import GreedySelector, SearchConfig, SearchOutcome, run_search
+from kernelevolve.search import GreedySelector, SearchConfig, SearchOutcome, best_node, run_search
 from kernelevolve.profile import Profile
 from kernelevolve.store import Store
 from tests.factories import make_profile
@@ -298,6 +298,40 @@ def test_fresh_run_starts_from_kernels_already_verified_for_the_problem(store, p
     assert [n.source for n in nodes] == [src("fast", 2.0), src("slow", 7.0), src("new", 3.0)]
     assert [n.cached for n in nodes] == [True, True, False] and nodes[0].meta["reused"] is True
     assert out.best.source == src("fast", 2.0) and out.evaluations == 1
+
+
+class HistoryProposer(FakeProposer):
+    """Keeps the tree each proposal was made from."""
+
+    def __init__(self, sources):
+        super().__init__(sources)
+        self.seen: list[list] = []
+
+    def propose(self, ctx, n):
+        self.seen.append(list(ctx.history))
+        return super().propose(ctx, n)
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+@pytest.mark.parametrize("evals", [3, 12])
+def test_the_loop_reads_the_node_table_once_however_many_evaluations(store, problem, monkeypatch, evals, resumed):
+    """The tree lives in the loop: the node table is read once at the start (a resumed run's nodes), not after every
+    write, and what proposers see is what the store holds (a fresh run's seeded kernels included)."""
+    search(store, new_run(store, problem), problem, FakeProposer([src("known", 9.0)]), max_evals=1)
+    run_id = new_run(store, problem)
+    if resumed:
+        store.add_node(run_id, problem.sha, KEY, Candidate(src("pending", 8.0), proposer="fake"))
+    reads = []
+    real = Store.nodes
+    monkeypatch.setattr(Store, "nodes", lambda self, rid: reads.append(rid) or real(self, rid))
+    proposer = HistoryProposer([src(f"c{i}", 5.0 + i % 4) for i in range(evals - resumed)])
+    out = search(store, run_id, problem, proposer, max_evals=evals + 5)
+    assert out.evaluations == evals and out.stop_reason == "the proposers have nothing left to try"
+    assert reads == [run_id]
+    nodes = real(store, run_id)
+    assert [n.cached for n in nodes][:1] == [not resumed]  # a fresh run starts from the known kernel
+    assert proposer.seen[-1] == nodes  # results included: the last ask came after every result
+    assert out.best == best_node(nodes)[0]
 
 
 def test_resumed_run_is_not_seeded_again(store, problem):

@@ -10,7 +10,7 @@ import math
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from kernelevolve.candidate import Candidate
@@ -73,7 +73,9 @@ class _Loop:
         self.store, self.run_id, self.problem, self.device, self.device_key = store, run_id, problem, device, device_key
         self.pool, self.proposers, self.selector, self.cfg = pool, proposers, selector, cfg
         self.baseline, self.profile, self.on_result = baseline, profile, on_result
+        # The tree lives here: read once (a resumed run's nodes), then kept up to date from what the loop writes.
         self.history = store.nodes(run_id)
+        self.position = {n.id: i for i, n in enumerate(self.history)}
         # Proposers run on one thread of their own; those that record their calls (language models) write through
         # a connection opened on that thread (a sqlite3 connection belongs to the thread that made it).
         self.proposal_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelevolve-propose")
@@ -183,8 +185,10 @@ class _Loop:
         return True
 
     def add(self, cand: Candidate) -> Node:
+        """Store ``cand`` as a node of the run and append it to the tree in memory."""
         node = self.store.add_node(self.run_id, self.problem.sha, self.device_key, cand)
-        self.history = self.store.nodes(self.run_id)
+        self.position[node.id] = len(self.history)
+        self.history.append(node)
         return node
 
     def _record(self, node: Node, result: Result, save: bool = True) -> None:
@@ -193,7 +197,7 @@ class _Loop:
         if save:
             self.store.save_result(node.id, result)
             self.evaluated += 1
-        self.history = self.store.nodes(self.run_id)
+            self.history[self.position[node.id]] = replace(node, result=result)  # as the store now holds it
         if result.ok and result.timed and result.runtime_ms is not None and result.runtime_ms < self.best_ms:
             self.best_ms, self.since_best = result.runtime_ms, 0
         elif save:
