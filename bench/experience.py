@@ -24,13 +24,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 import suite  # noqa: E402  (bench/suite.py)
+
+if TYPE_CHECKING:
+    from kernelevolve.rows import Node
 
 # target problem -> the module-level size constants scaled to make its similar source problem
 PAIRS: dict[str, dict[str, float]] = {
@@ -69,28 +72,26 @@ def write_pair(stem: str, small: bool, dest: Path) -> tuple[Path, Path]:
     return similar, target
 
 
-def evaluations_to(nodes: list[dict[str, Any]], within_ms: float) -> int | None:
+def evaluations_to(nodes: list[Node], within_ms: float) -> int | None:
     """How many of a run's own evaluations came before (and including) the first node at or under ``within_ms``; a
     reused node (already known) adds none."""
     count = 0
     for node in nodes:
-        r = node["result"]
-        if not node["cached"]:
+        if not node.cached:
             count += 1
-        if r is not None and r.ok and r.timed and r.runtime_ms is not None and r.runtime_ms <= within_ms:
+        if node.runtime_ms is not None and node.runtime_ms <= within_ms:
             return count
     return None
 
 
-def trace(nodes: list[dict[str, Any]]) -> list[list[Any]]:
+def trace(nodes: list[Node]) -> list[list[Any]]:
     """[label, ms or status] of each of a run's own evaluations, in order: to see which candidate reached what."""
     out: list[list[Any]] = []
     for node in nodes:
-        if node["cached"]:
+        if node.cached:
             continue
-        r = node["result"]
-        ms = r.runtime_ms if r is not None and r.ok and r.timed else None
-        out.append([node["meta"].get("label"), round(ms, 5) if ms is not None else (str(r.status.value) if r else None)])
+        ms, r = node.runtime_ms, node.result
+        out.append([node.label, round(ms, 5) if ms is not None else (str(r.status.value) if r else None)])
     return out
 
 
@@ -107,22 +108,22 @@ def run_pair(stem: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                              time_budget_s=args.budget_s, stall=None, timing_budget_ms=args.timing_budget_ms)
         cold_store, warm_store = Store(work / "cold.db"), Store(work / "warm.db")
         cold = optimize(target, cfg, cold_store, work / "cold")
-        best, _ = best_node(cold_store.nodes(cold.run_id))
-        if best is None or not best["result"].timed:
+        cold_nodes = cold_store.nodes(cold.run_id)
+        best, _ = best_node(cold_nodes)
+        if best is None or best.runtime_ms is None:
             row["error"] = "the cold run found no timed kernel"
             return row
-        t_best = best["result"].runtime_ms
-        row.update(cold_ms=t_best, cold_evals=cold.search.evaluations,
-                   n_cold=evaluations_to(cold_store.nodes(cold.run_id), t_best), cold_best=best["meta"].get("label"),
-                   cold_trace=trace(cold_store.nodes(cold.run_id)))
+        t_best = best.runtime_ms
+        row.update(cold_ms=t_best, cold_evals=cold.search.evaluations, n_cold=evaluations_to(cold_nodes, t_best),
+                   cold_best=best.label, cold_trace=trace(cold_nodes))
         source_run = optimize(similar, cfg, warm_store, work / "similar")
         row["source_evals"] = source_run.search.evaluations
         warm = optimize(target, cfg, warm_store, work / "warm")
         nodes = warm_store.nodes(warm.run_id)
         wbest, _ = best_node(nodes)
-        row.update(warm_ms=wbest["result"].runtime_ms if wbest and wbest["result"].timed else None,
+        row.update(warm_ms=wbest.runtime_ms if wbest else None,
                    warm_evals=warm.search.evaluations, n_warm=evaluations_to(nodes, t_best * (1 + args.tol)),
-                   warm_best=wbest["meta"].get("label") if wbest else None, warm_trace=trace(nodes))
+                   warm_best=wbest.label if wbest else None, warm_trace=trace(nodes))
         row["ratio"] = row["n_cold"] / row["n_warm"] if row["n_cold"] and row["n_warm"] else None
         if row["n_warm"] is None:
             row["note"] = f"the warm run never came within {100 * args.tol:.0f}% of the cold best"

@@ -122,8 +122,8 @@ def max_autotune_baseline(problem: Any, opt: Any, workdir: Path, store: Any) -> 
     result = make_evaluator(problem, opt, workdir).evaluate(cand)
     key = device_key(opt.device)
     run = store.create_run(problem, opt.device, key, {"baseline": MAX_AUTOTUNE}, versions())
-    node, _ = store.add_node(run, problem.sha, key, cand)
-    store.save_result(node, result)
+    node = store.add_node(run, problem.sha, key, cand)
+    store.save_result(node.id, result)
     store.update_run(run, status="finished", finished=now(), stop_reason=f"baseline: {MAX_AUTOTUNE}")
     ms = result.runtime_ms if result.ok and result.timed else None
     return ms, f"{result.status.value}: {result.reason}"
@@ -134,19 +134,20 @@ def best_found(store: Any, run_id: int) -> dict[str, Any]:
     from kernelevolve.search import best_node
 
     run = store.run(run_id)
-    best, _ = best_node(store.nodes(run_id))
-    out: dict[str, Any] = {"evals": store.count_evaluated(run_id), "stop_reason": run.get("stop_reason")}
-    out["candidates"] = [{"proposer": n["proposer"], "label": n["meta"].get("label"), "cached": n["cached"],
-                          "status": n["result"].status.value if n["result"] else "pending",
-                          "ms": n["result"].runtime_ms if n["result"] and n["result"].timed else None,
-                          "reason": (n["result"].reason or "")[:160] if n["result"] else ""}
-                         for n in store.nodes(run_id)]
-    if best is None or not best["result"].timed:
+    nodes = store.nodes(run_id)
+    best, _ = best_node(nodes)
+    out: dict[str, Any] = {"evals": store.count_evaluated(run_id), "stop_reason": run.stop_reason}
+    out["candidates"] = [{"proposer": n.proposer, "label": n.label, "cached": n.cached,
+                          "status": n.result.status.value if n.result else "pending",
+                          "ms": n.result.runtime_ms if n.result and n.result.timed else None,
+                          "reason": (n.result.reason or "")[:160] if n.result else ""}
+                         for n in nodes]
+    if best is None or best.runtime_ms is None:
         return out
-    row = store.db.execute("SELECT created FROM results WHERE candidate_id = ?", (best["candidate_id"],)).fetchone()
-    found = max(best["created"], row[0]) if row else best["created"]
-    out.update(kernelevolve_ms=best["result"].runtime_ms, best_proposer=best["proposer"],
-               best_label=best["meta"].get("label"), time_to_best_s=_seconds_between(run["created"], found))
+    row = store.db.execute("SELECT created FROM results WHERE candidate_id = ?", (best.candidate_id,)).fetchone()
+    found = max(best.created, row[0]) if row else best.created
+    out.update(kernelevolve_ms=best.runtime_ms, best_proposer=best.proposer, best_label=best.label,
+               time_to_best_s=_seconds_between(run.created, found))
     return out
 
 
@@ -182,11 +183,12 @@ def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
                                                                                     store)
         outcome = optimize(src, opt, store, work)
         run = store.run(outcome.run_id)
-        base, prof = run.get("baseline") or {}, run.get("profile") or {}
-        row.update(eager_ms=(base.get("eager") or {}).get("median_ms"),
-                   compile_ms=(base.get("compiled") or {}).get("median_ms"), compile_s=base.get("compile_s"),
-                   floor_ms=prof.get("floor_ms"), floor_source=prof.get("ceilings_source"), bound=prof.get("bound"),
-                   dtype=prof.get("dtype", row["dtype"]), run_id=outcome.run_id)
+        base, prof = run.baseline, run.profile
+        row.update(eager_ms=base.eager.median_ms if base and base.eager else None,
+                   compile_ms=base.compiled.median_ms if base and base.compiled else None,
+                   compile_s=base.compile_s if base else None, floor_ms=prof.floor_ms if prof else None,
+                   floor_source=prof.ceilings_source if prof else None, bound=prof.bound if prof else None,
+                   dtype=prof.dtype if prof else row["dtype"], run_id=outcome.run_id)
         row.update(best_found(store, outcome.run_id))
         if row.get("kernelevolve_ms") is not None and row.get("eager_ms") and row["kernelevolve_ms"] > row["eager_ms"]:
             # the run returns the reference itself when no candidate beats eager (best.py says so)
@@ -195,8 +197,8 @@ def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
             row["notes"].append("no candidate beat eager: the run returned the reference")
         fill_speedups(row)
         row["status"] = "ok" if row.get("kernelevolve_ms") is not None else "no verified timed kernel"
-        if base.get("error"):
-            row["notes"].append(f"baseline: {base['error']}")
+        if base and base.error:
+            row["notes"].append(f"baseline: {base.error}")
         if row["max_autotune_ms"] is None:
             row["notes"].append(f"max-autotune {row['max_autotune_status']}"[:300])
         if row["suspect"]:

@@ -60,18 +60,18 @@ def one_point(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     out = optimize(path, cfg, store, work / "out", on_stage=on_stage)
     end = time.monotonic()
-    nodes = [n for n in store.nodes(out.run_id) if not n["cached"] and n["result"] is not None]
+    results = [n.result for n in store.nodes(out.run_id) if not n.cached and n.result is not None]
     start = marks.get("searching", t0)
-    walls = [n["result"].wall_s for n in nodes if n["result"].wall_s]
+    walls = [r.wall_s for r in results if r.wall_s]
     statuses: dict[str, int] = {}
-    for n in nodes:
-        statuses[n["result"].status.value] = statuses.get(n["result"].status.value, 0) + 1
+    for r in results:
+        statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
     search_s = end - start
-    return {"problem": path.stem, "executor": cfg.executor, "workers": cfg.workers, "evaluations": len(nodes),
+    return {"problem": path.stem, "executor": cfg.executor, "workers": cfg.workers, "evaluations": len(results),
             "search_s": round(search_s, 2), "setup_s": round(start - t0, 2),
-            "per_minute": round(60.0 * len(nodes) / search_s, 2) if search_s > 0 else None,
+            "per_minute": round(60.0 * len(results) / search_s, 2) if search_s > 0 else None,
             "median_eval_wall_s": round(statistics.median(walls), 3) if walls else None, "statuses": statuses,
-            "stop_reason": out.search.stop_reason, "device_key": store.run(out.run_id)["device_key"]}
+            "stop_reason": out.search.stop_reason, "device_key": store.run(out.run_id).device_key}
 
 
 def free_port() -> int:

@@ -9,6 +9,7 @@ import pytest
 
 from kernelevolve.evaluate.result import Result, Status, Timing
 from kernelevolve.problem import load_problem
+from tests.factories import make_node
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,8 +28,7 @@ exp = _load()
 
 def node(ms, cached=False, status=Status.OK, label="x"):
     timing = Timing.from_samples([ms], "cuda_event") if ms is not None else None
-    return {"cached": cached, "result": Result(status, "r", timing=timing, timed=ms is not None),
-            "meta": {"label": label}}
+    return make_node(1, Result(status, "r", timing=timing, timed=ms is not None), meta={"label": label}, cached=cached)
 
 
 def test_scaled_source_scales_only_the_named_constants():

@@ -186,8 +186,8 @@ def test_prompt_previews_the_next_step(tmp_path, capsys):
     store = Store(db)
     problem = load_problem(example, "cpu")
     run = store.create_run(problem, "cpu", "cpu:test", {}, {})
-    node, _ = store.add_node(run, problem.sha, "cpu:test", Candidate("class ModelNew: pass  # BROKEN\n",
-                                                                      proposer="llm", meta={"label": "x"}))
+    node = store.add_node(run, problem.sha, "cpu:test", Candidate("class ModelNew: pass  # BROKEN\n",
+                                                                   proposer="llm", meta={"label": "x"})).id
     store.save_result(node, Result(Status.COMPILE_ERROR, "NameError: torch is not defined"))
     store.close()
     assert main(["prompt", str(example), "--device", "cpu", "--run", "latest", "--db", str(db)]) == 0

@@ -28,7 +28,7 @@ def stored_run(tmp_path, candidate: Candidate):
     store = Store(tmp_path / "ke.db")
     run = store.create_run(problem, "cpu", "cpu:test", {}, {})
     store.update_run(run, status="finished")
-    node, _ = store.add_node(run, problem.sha, "cpu:test", candidate)
+    node = store.add_node(run, problem.sha, "cpu:test", candidate).id
     store.save_result(node, Result(Status.OK, "verified"))
     return store, run, node
 
@@ -47,7 +47,7 @@ def export(store, run, tmp_path, dispatch=("wins", "ties", "loses", "untimed")):
     node = resolve(store, run, None)
     approval = check_approval(store, node)
     problem = load_problem(tmp_path / "relu_scale_add.py", "cpu")
-    shapes = verify_shapes(problem, node["source"], "cpu", tmp_path / "work")
+    shapes = verify_shapes(problem, node.source, "cpu", tmp_path / "work")
     return build_export(store, run, None, tmp_path / "out" / "relu_fast.py", shapes, approval, dispatch)
 
 
@@ -66,7 +66,7 @@ def test_export_is_refused_without_approval_and_a_changed_source_voids_it(setup)
     with pytest.raises(ExportError, match="not approved"):
         check_approval(store, resolve(store, run, None))
     approve(store, run, None, "looked at the kernel", by="reviewer")
-    assert check_approval(store, resolve(store, run, None))["approved_by"] == "reviewer"
+    assert check_approval(store, resolve(store, run, None)).approved_by == "reviewer"
     from kernelevolve.report import report_view
     from kernelevolve.report import render_report
 

@@ -43,7 +43,7 @@ def test_a_run_with_nothing_evaluated_writes_the_reference(tmp_path):
         assert best.read_text().startswith('"""The reference itself: no candidate was evaluated')
         assert hasattr(_import(best), "ModelNew")
         assert "no candidate was evaluated" in outcome.files["report"].read_text()
-        phases = store.run(outcome.run_id)["phases"]
+        phases = store.run(outcome.run_id).phases
         assert phases["baseline_s"] > 0 and "search_s" in phases
     finally:
         store.close()
@@ -52,7 +52,7 @@ def test_a_run_with_nothing_evaluated_writes_the_reference(tmp_path):
 def test_a_budget_shorter_than_the_baselines_still_buys_search(tmp_path):
     outcome, store = _run(tmp_path, max_evals=5, time_budget_s=0.01)
     try:
-        phases = store.run(outcome.run_id)["phases"]
+        phases = store.run(outcome.run_id).phases
         assert phases["baseline_s"] > 0.01  # the baselines alone took longer than the whole budget
         assert outcome.search.evaluations >= 1
         assert "time-budget 0.01 s" in outcome.search.stop_reason

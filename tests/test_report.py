@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from kernelevolve.report import render_report, write_report
+from tests.factories import make_node
 
 XSS = "<script>alert(1)</script>"
 BEST_SOURCE = "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x * 2  # best"
@@ -87,12 +89,12 @@ def test_best_is_the_reference_when_nothing_beats_eager():
     from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
     from kernelevolve.report import _best_view
 
-    slow = {"id": 3, "source": "class ModelNew: ...", "result": Result(
-        Status.OK, "verified", timing=Timing.from_samples([2.0], "cuda-events"), timed=True)}
+    slow = make_node(3, Result(Status.OK, "verified", timing=Timing.from_samples([2.0], "cuda-events"), timed=True),
+                     source="class ModelNew: ...")
     eager = Baseline("cuda", Timing.from_samples([1.0], "cuda-events"), None)
     view = _best_view(slow, "fastest timed candidate", eager, "class Model: ...")
     assert view["reference"] and view["node"] is None
     assert "class Model: ..." in view["source"] and "class ModelNew(Model)" in view["source"]
-    fast = dict(slow, result=Result(Status.OK, "verified", timing=Timing.from_samples([0.5], "cuda-events"),
-                                    timed=True))
+    fast = replace(slow, result=Result(Status.OK, "verified", timing=Timing.from_samples([0.5], "cuda-events"),
+                                       timed=True))
     assert _best_view(fast, "fastest timed candidate", eager, "class Model: ...")["node"] == 3

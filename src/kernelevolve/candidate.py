@@ -4,9 +4,46 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 LANGUAGES = ("triton", "inductor", "torch", "cuda")
+
+Genome = dict[str, dict[str, Any]]  # template region key -> the knob values of its family's space
+
+
+class RegionConfig(TypedDict):
+    """One template region's configuration, as experience records it: later runs seed per family from it."""
+
+    family: str
+    kind: str
+    config: dict[str, Any]
+
+
+class RegionInfo(TypedDict):
+    key: str
+    family: str
+    kind: str
+    nodes: int  # ATen ops the region covers
+
+
+class Meta(TypedDict, total=False):
+    """What a proposer records about a candidate, stored as the node's JSON meta. A TypedDict rather than a dataclass:
+    each proposer writes its own keys, and keys from other proposers or older stores must survive a round trip."""
+
+    label: str  # every proposer: one line on what the candidate is
+    # template: the genome it reads back to breed from, and the per-family view experience keeps
+    genome: Genome
+    configs: list[RegionConfig]
+    regions: list[RegionInfo]
+    options: dict[str, Any]  # inductor: the Inductor options, its own search state
+    # llm and manual: the step that made it, and the call recorded in llm_calls
+    strategy: str
+    model: str
+    families: list[str]
+    prompt_tokens: int
+    dropped_sections: list[str]
+    llm_call: int | None
+    reused: bool  # the search loop: seeded from a kernel already verified in another run
 
 
 def detect_language(source: str) -> str:
@@ -25,7 +62,7 @@ class Candidate:
     proposer: str = "manual"
     language: str = ""
     parent: int | None = None  # node id in the run's search tree
-    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    meta: Meta = field(default_factory=Meta, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.language:

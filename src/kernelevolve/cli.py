@@ -8,7 +8,10 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from kernelevolve.rows import Node
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 DEFAULT_DB = "kernelevolve.db"
@@ -59,10 +62,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         def on_stage(stage: str) -> None:
             progress.update(task, description=stage)
 
-        def on_result(node: dict[str, Any], result: Any) -> None:
+        def on_result(node: Node, result: Any) -> None:
             counts[result.status.value] = counts.get(result.status.value, 0) + 1
             progress.advance(task)
-            line = f"node {node['id']:>3} {node['proposer']:<9} {result.status.value:<13} "
+            line = f"node {node.id:>3} {node.proposer:<9} {result.status.value:<13} "
             reason = result.reason + (f"; SUSPECT: {result.details['suspect']}" if result.details.get("suspect") else "")
             line += f"{_fmt_ms(result.runtime_ms):>12}  {_fmt_x(result.speedup_eager)} vs eager  {reason[:90]}"
             progress.console.print(line, markup=False)
@@ -208,7 +211,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
     """Print the prompt the llm and manual proposers would send next; no model is called."""
     from kernelevolve.problem import load_problem
     from kernelevolve.propose.base import ProposalContext
-    from kernelevolve.propose.llm import PromptedProposer
+    from kernelevolve.propose.llm import PromptedProposer, fastest_verified
     from kernelevolve.propose.prompt import build_prompt
 
     device = _device(args)
@@ -220,25 +223,23 @@ def cmd_prompt(args: argparse.Namespace) -> int:
 
         store = Store(args.db)
         run = store.run(args.run)
-        if run["problem_sha"] != problem.sha:
-            raise UsageError(f"run {run['id']} is of another problem (or of an older version of {args.problem})")
-        history, profile = store.nodes(run["id"]), run.get("profile")
-        experience = rank_experience(store.experience(run["device_key"], None, exclude_run=run["id"]), profile)
+        if run.problem_sha != problem.sha:
+            raise UsageError(f"run {run.id} is of another problem (or of an older version of {args.problem})")
+        history, profile = store.nodes(run.id), run.profile
+        experience = rank_experience(store.experience(run.device_key, None, exclude_run=run.id), profile)
     elif not args.no_profile:
         from kernelevolve.profile import profile_problem
 
-        profile = profile_problem(problem, device).to_dict()
+        profile = profile_problem(problem, device)
     preview = type("PromptPreview", (PromptedProposer,), {"name": args.proposer})  # whose failures it repairs
     proposer = preview(device, seed=args.seed, knowledge_dirs=args.knowledge or (), prompts_dir=args.prompts,
                        budget_tokens=args.prompt_tokens)
     ctx = ProposalContext(problem, device, profile, history, [], experience)
     pin = proposer.prompt_inputs(ctx)
     strategy, parent, kids = proposer.expander.plan(history, 1)[0]
-    best = sorted((n for n in history if n.get("result") is not None and n["result"].ok),
-                  key=lambda n: n["result"].runtime_ms if n["result"].timed else float("inf"))
-    prompt = build_prompt(strategy, pin, parent, kids, best, args.prompt_tokens)
+    prompt = build_prompt(strategy, pin, parent, kids, fastest_verified(history), args.prompt_tokens)
     print(f"# System\n\n{prompt.system}\n# Prompt\n\n{prompt.user}")
-    print(f"<!-- strategy {strategy}{' from node ' + str(parent['id']) if parent else ''}; about "
+    print(f"<!-- strategy {strategy}{' from node ' + str(parent.id) if parent else ''}; about "
           f"{prompt.tokens} tokens of {args.prompt_tokens}; dropped: {', '.join(prompt.dropped) or 'nothing'} -->")
     return EXIT_OK
 
@@ -252,8 +253,8 @@ def cmd_approve(args: argparse.Namespace) -> int:
         a = approve(store, args.run, args.candidate, args.note, args.by)
     except ExportError as e:
         raise UsageError(str(e)) from e
-    print(f"approved node {a['node_id']} of run {a['run_id']} (source {a['candidate_sha'][:12]}) by "
-          f"{a['approved_by']} at {a['created']}: {a['note']}")
+    print(f"approved node {a.node_id} of run {a.run_id} (source {a.candidate_sha[:12]}) by {a.approved_by} at "
+          f"{a.created}: {a.note}")
     return EXIT_OK
 
 
@@ -267,20 +268,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         node = resolve(store, args.run, args.candidate)
-        if args.auto_approve and not store.approvals(node["run"]["id"], node["id"]):
-            approve(store, node["run"]["id"], node["id"], "exported with --auto-approve", f"--auto-approve ({_who()})")
+        run = store.run(node.run_id)
+        if args.auto_approve and not store.approvals(run.id, node.id):
+            approve(store, run.id, node.id, "exported with --auto-approve", f"--auto-approve ({_who()})")
         approval = check_approval(store, node)
-        device = args.device or node["run"]["device"]
-        problem = stored_problem(store, node["run"], out.parent / f".{out.stem}-work")
-        console.print(f"verifying node {node['id']} of run {node['run']['id']} on every shape ({device})",
-                      markup=False)
-        shapes = verify_shapes(problem, node["source"], device, out.parent / f".{out.stem}-work",
+        device = args.device or run.device
+        problem = stored_problem(store, run, out.parent / f".{out.stem}-work")
+        console.print(f"verifying node {node.id} of run {run.id} on every shape ({device})", markup=False)
+        shapes = verify_shapes(problem, node.source, device, out.parent / f".{out.stem}-work",
                                timeout_s=args.timeout, on_case=lambda case, row: console.print(
                                    f"  {row['label']:<22} {row['verdict']:<8} "
                                    f"{'—' if row.get('speedup') is None else format(row['speedup'], '.2f') + 'x':>8}"
                                    f"  {row.get('reason', '')[:80]}", markup=False))
         dispatch = ("wins",) if args.dispatch == "wins" else ("wins", "ties", "loses", "untimed")
-        module, test = build_export(store, node["run"]["id"], node["id"], out, shapes, approval, dispatch, args.aoti)
+        module, test = build_export(store, run.id, node.id, out, shapes, approval, dispatch, args.aoti)
     except ExportError as e:
         raise UsageError(str(e)) from e
     on = [r["label"] for r in shapes if r["verdict"] in dispatch]
@@ -331,8 +332,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     table = Table("run", "problem", "device", "status", "nodes", "created", "stopped because")
     for r in Store(args.db).runs():
-        table.add_row(str(r["id"]), r["name"], r["device_key"], r["status"], str(r["n_nodes"]), r["created"],
-                      r["stop_reason"] or "")
+        table.add_row(str(r.id), r.name, r.device_key, r.status, str(r.n_nodes), r.created, r.stop_reason or "")
     _console().print(table)
     return EXIT_OK
 
@@ -365,7 +365,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from kernelevolve.store import Store
 
     store = Store(args.db)
-    files, why = write_outputs(store, store.run(args.run)["id"], Path(args.out))
+    files, why = write_outputs(store, store.run(args.run).id, Path(args.out))
     print(why)
     for name, path in files.items():
         print(f"{name}: {path}")

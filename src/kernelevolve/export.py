@@ -28,6 +28,7 @@ import torch
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.problem import Problem, build_model, import_module_from_path, load_problem, make_inputs
+from kernelevolve.rows import Approval, Node, Run
 from kernelevolve.store import Store
 
 WIN, TIE = 1.05, 0.95  # speedup over eager above which a shape wins, below which it loses
@@ -144,29 +145,29 @@ def verify_shapes(problem: Problem, source: str, device: str, workdir: Path, tim
 
 
 # --- approval ---------------------------------------------------------------------------------------------------------
-def resolve(store: Store, run: str | int, candidate: int | None) -> dict[str, Any]:
+def resolve(store: Store, run: str | int, candidate: int | None) -> Node:
     """The node to export: ``candidate`` (a node id of the run), or the run's best verified node."""
     from kernelevolve.search import best_node
 
-    run_row = store.run(run)
-    nodes = store.nodes(run_row["id"])
+    run_id = store.run(run).id
+    nodes = store.nodes(run_id)
     if candidate is not None:
-        node = next((n for n in nodes if n["id"] == candidate), None)
+        node = next((n for n in nodes if n.id == candidate), None)
         if node is None:
-            raise ExportError(f"run {run_row['id']} has no node {candidate}; see kernelevolve show {run_row['id']}")
+            raise ExportError(f"run {run_id} has no node {candidate}; see kernelevolve show {run_id}")
     else:
         node, _ = best_node(nodes)
         if node is None:
-            raise ExportError(f"run {run_row['id']} has no verified candidate to export")
-    if node["result"] is None or not node["result"].ok:
-        state = node["result"].status.value if node["result"] else "not evaluated"
-        raise ExportError(f"node {node['id']} is not verified ({state})")
-    return dict(node, run=run_row)
+            raise ExportError(f"run {run_id} has no verified candidate to export")
+    if node.result is None or not node.result.ok:
+        state = node.result.status.value if node.result else "not evaluated"
+        raise ExportError(f"node {node.id} is not verified ({state})")
+    return node
 
 
-def approve(store: Store, run: str | int, candidate: int | None, note: str, by: str | None = None) -> dict[str, Any]:
+def approve(store: Store, run: str | int, candidate: int | None, note: str, by: str | None = None) -> Approval:
     node = resolve(store, run, candidate)
-    return store.add_approval(node["run"]["id"], node["id"], sha256(node["source"]), by or _user(), note)
+    return store.add_approval(node.run_id, node.id, sha256(node.source), by or _user(), note)
 
 
 def _user() -> str:
@@ -176,17 +177,17 @@ def _user() -> str:
         return os.environ.get("USER", "unknown")
 
 
-def check_approval(store: Store, node: dict[str, Any]) -> dict[str, Any]:
+def check_approval(store: Store, node: Node) -> Approval:
     """The approval that covers this node's current source; ExportError when there is none or it is void."""
-    approvals = store.approvals(node["run"]["id"], node["id"])
+    approvals = store.approvals(node.run_id, node.id)
     if not approvals:
-        raise ExportError(f"node {node['id']} of run {node['run']['id']} is not approved: run kernelevolve approve "
-                          f"{node['run']['id']} --candidate {node['id']} --note TEXT (or export with --auto-approve)")
-    current = sha256(node["source"])
-    valid = [a for a in approvals if a["candidate_sha"] == current]
+        raise ExportError(f"node {node.id} of run {node.run_id} is not approved: run kernelevolve approve "
+                          f"{node.run_id} --candidate {node.id} --note TEXT (or export with --auto-approve)")
+    current = sha256(node.source)
+    valid = [a for a in approvals if a.candidate_sha == current]
     if not valid:
-        raise ExportError(f"the approval of node {node['id']} is void: its source changed after approval "
-                          f"(approved {approvals[-1]['candidate_sha'][:12]}, now {current[:12]})")
+        raise ExportError(f"the approval of node {node.id} is void: its source changed after approval "
+                          f"(approved {approvals[-1].candidate_sha[:12]}, now {current[:12]})")
     return valid[-1]
 
 
@@ -434,32 +435,32 @@ def op_name(problem: Problem, candidate_sha: str) -> str:
 
 
 def build_export(store: Store, run: str | int, candidate: int | None, out: Path, shapes: list[dict[str, Any]],
-                 approval: dict[str, Any], dispatch: tuple[str, ...] = ("wins",),
+                 approval: Approval, dispatch: tuple[str, ...] = ("wins",),
                  aoti: bool = False) -> tuple[Path, Path]:
     """Write the module and its test file (and, with ``aoti``, an AOTInductor package beside them); return the
     module's and the test's paths."""
     from kernelevolve.machine import versions
 
     node = resolve(store, run, candidate)
-    run_row = node["run"]
+    run_row = store.run(node.run_id)
     problem = stored_problem(store, run_row, out.parent / f".{out.stem}-work")
-    origin = store.problem_source(run_row["problem_sha"])["path"]
+    origin = store.problem_source(run_row.problem_sha).path
     module = import_module_from_path(problem.path, f"_ke_export_ref_{problem.short_sha}")
     init = list(module.get_init_inputs())
     model, outputs = _trace_on_meta(module)
     state = [[n, list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in
              [*model.named_parameters(), *model.named_buffers()]]
-    device = run_row["device"]
+    device = run_row.device
     capability = None
     if device == "cuda" and torch.cuda.is_available():
         capability = list(torch.cuda.get_device_capability(0))
-    sha = sha256(node["source"])
+    sha = sha256(node.source)
     export = {"name": op_name(problem, sha), "problem_sha": problem.sha, "problem_name": problem.name,
               "signature": _signature(problem.source), "device": device,
-              "device_name": run_row["device_key"].split(":", 1)[-1], "capability": capability,
-              "candidate_sha": sha, "run": run_row["id"], "node": node["id"], "proposer": node["proposer"],
-              "label": node["meta"].get("label"),
-              "approved": {"by": approval["approved_by"], "at": approval["created"], "note": approval["note"]},
+              "device_name": run_row.device_key.split(":", 1)[-1], "capability": capability,
+              "candidate_sha": sha, "run": run_row.id, "node": node.id, "proposer": node.proposer,
+              "label": node.label,
+              "approved": {"by": approval.approved_by, "at": approval.created, "note": approval.note},
               "init_inputs": init, "state": state, "single_output": isinstance(outputs, torch.Tensor),
               "shapes": shapes, "dispatch": list(dispatch),
               "speedup": shapes[0].get("speedup") if shapes else None,
@@ -474,7 +475,7 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
     title = f"kernelevolve export: {problem.name} on {export['device_name']}."
     text = MODULE.format(title=title, provenance=_provenance(export, problem, origin),
                          export=pprint.pformat(export, width=116, sort_dicts=False), reference=_literal(problem.source),
-                         kernel=_literal(node["source"]), op=export["name"])
+                         kernel=_literal(node.source), op=export["name"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     test = out.with_name(f"test_{out.stem}.py")
@@ -495,26 +496,26 @@ def _trace_on_meta(module: Any) -> tuple[torch.nn.Module, Any]:
             return model, model(*make_inputs(module, 0))
 
 
-def stored_problem(store: Store, run: dict[str, Any], workdir: Path) -> Problem:
+def stored_problem(store: Store, run: Run, workdir: Path) -> Problem:
     """The problem exactly as the run saw it, from the store (the file may have moved or changed since)."""
-    row = store.problem_source(run["problem_sha"])
+    row = store.problem_source(run.problem_sha)
     workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / f"{row['name']}.py"
-    path.write_text(row["source"])
+    path = workdir / f"{row.name}.py"
+    path.write_text(row.source)
     return load_problem(path, "cpu")
 
 
-def build_aoti(problem: Problem, node: dict[str, Any], device: str, path: Path) -> Path:
+def build_aoti(problem: Problem, node: Node, device: str, path: Path) -> Path:
     """An AOTInductor package of the reference, compiled with an Inductor candidate's options, for its first input
     shapes (weights can be swapped in at load time)."""
     import torch._inductor
 
-    if node["proposer"] != "inductor":
-        raise ExportError(f"--aoti is for Inductor candidates; node {node['id']} comes from {node['proposer']}")
+    if node.proposer != "inductor":
+        raise ExportError(f"--aoti is for Inductor candidates; node {node.id} comes from {node.proposer}")
     module = import_module_from_path(problem.path, f"_ke_aoti_{problem.short_sha}")
     model = build_model(module, "Model", 0).to(device).eval()
     inputs = tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in make_inputs(module, 0))
-    options = {k: v for k, v in (node["meta"].get("options") or {}).items() if k != "triton.cudagraphs"}
+    options = {k: v for k, v in (node.meta.get("options") or {}).items() if k != "triton.cudagraphs"}
     with torch.no_grad():
         program = torch.export.export(model, inputs)
     return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options))

@@ -1,7 +1,6 @@
 """One optimization run end to end: profile, baseline, search, then best.py and report.html."""
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -9,13 +8,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-
 from kernelevolve.engine import make_pool
 from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, TimingConfig
 from kernelevolve.problem import Problem, ProblemError, load_problem
+from kernelevolve.profile import Profile, ProfileError, profile_problem
 from kernelevolve.propose import make_proposers
 from kernelevolve.machine import here, versions
 from kernelevolve.report import write_outputs
+from kernelevolve.rows import Node, Run
 from kernelevolve.search import SearchConfig, SearchOutcome, make_selector, run_search
 from kernelevolve.store import Store, StoreError, now
 
@@ -69,19 +69,19 @@ def make_evaluator(problem: Problem, cfg: OptimizeConfig, workdir: Path | None =
 
 
 def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_dir: Path, resume: int | str | None = None,
-             on_result: Callable[[dict[str, Any], Result], None] | None = None,
+             on_result: Callable[[Node, Result], None] | None = None,
              on_stage: Callable[[str], None] = lambda s: None,
              on_run: Callable[[int], None] = lambda run_id: None) -> RunOutcome:
     """Run (or resume) an optimization. Raises ProblemError for a bad problem file, StoreError for a bad run id.
     ``on_run`` gets the run's id as soon as the run exists in the store (created, or taken up again)."""
     if resume is not None:
         run = store.run(resume)
-        cfg = OptimizeConfig.from_dict(run["config"])
+        cfg = OptimizeConfig.from_dict(run.config)
         problem = load_problem(problem_path, here(cfg.device, cfg.executor))
-        if problem.sha != run["problem_sha"]:
-            raise ProblemError(problem_path, f"changed since run {run['id']} (hash {problem.short_sha} "
-                                             f"!= {run['problem_sha'][:12]}); start a new run")
-        run_id = run["id"]
+        if problem.sha != run.problem_sha:
+            raise ProblemError(problem_path, f"changed since run {run.id} (hash {problem.short_sha} "
+                                             f"!= {run.problem_sha[:12]}); start a new run")
+        run_id = run.id
         store.update_run(run_id, status="running")
         pool = make_pool(make_evaluator(problem, cfg, out_dir / ".work" / f"run{run_id}"), cfg.workers, cfg.executor,
                          cfg.ray_address, cfg.ray_retries)
@@ -93,20 +93,20 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
                          cfg.workers, cfg.executor, cfg.ray_address, cfg.ray_retries)
         run_id = store.create_run(problem, cfg.device, pool.device_key(), cfg.to_dict(), versions())
         run = store.run(run_id)
-    on_run(run["id"])
+    on_run(run.id)
     try:
         return _optimize(problem, cfg, store, out_dir, run, pool, on_result, on_stage)
     finally:
         pool.shutdown(wait=False)
 
 
-def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path, run: dict[str, Any], pool: Any,
-              on_result: Callable[[dict[str, Any], Result], None] | None,
+def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path, run: Run, pool: Any,
+              on_result: Callable[[Node, Result], None] | None,
               on_stage: Callable[[str], None]) -> RunOutcome:
-    run_id = run["id"]
+    run_id = run.id
     proposers = make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)
-    phases = dict(run.get("phases") or {})  # seconds; a resumed run keeps its earlier profile and baseline times
-    profile = run.get("profile")
+    phases = dict(run.phases)  # seconds; a resumed run keeps its earlier profile and baseline times
+    profile = run.profile
     if profile is None and cfg.profile and here(cfg.device, cfg.executor) != cfg.device:
         log.warning("no profile: the reference runs on %s workers, and this machine has no %s", cfg.device, cfg.device)
     elif profile is None and cfg.profile:
@@ -115,19 +115,19 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
         profile = _profile(problem, cfg.device)
         phases["profile_s"] = round(time.monotonic() - t0, 3)
         if profile is not None:
-            store.update_run(run_id, profile=_json(profile))
-    baseline = Baseline.from_json(_json(run["baseline"])) if run.get("baseline") else None
+            store.update_run(run_id, profile=profile)
+    baseline = run.baseline
     if baseline is None:
         on_stage("timing the reference: eager and torch.compile")
         t0 = time.monotonic()
         baseline = pool.baseline()
         phases["baseline_s"] = round(time.monotonic() - t0, 3)
-        store.update_run(run_id, baseline=baseline.to_json())
-    store.update_run(run_id, phases=_json(phases))
+        store.update_run(run_id, baseline=baseline)
+    store.update_run(run_id, phases=phases)
     on_stage("searching")
     t0 = time.monotonic()
     try:
-        outcome = run_search(store, run_id, problem, cfg.device, run["device_key"], pool,
+        outcome = run_search(store, run_id, problem, cfg.device, run.device_key, pool,
                              proposers, make_selector(cfg.selector),
                              SearchConfig(cfg.max_evals, cfg.time_budget_s, cfg.target_speedup, cfg.stall), baseline,
                              profile, on_result)
@@ -139,22 +139,16 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     phases["search_s"] = round(phases.get("search_s", 0.0) + time.monotonic() - t0, 3)
     if outcome.first_proposal_s is not None:
         phases["first_proposal_s"] = outcome.first_proposal_s
-    store.update_run(run_id, status="finished", finished=now(), stop_reason=outcome.stop_reason, phases=_json(phases))
+    store.update_run(run_id, status="finished", finished=now(), stop_reason=outcome.stop_reason, phases=phases)
     store.record_experience(run_id)
-    best = outcome.best["result"].with_baseline(baseline) if outcome.best else None
+    best = outcome.best.result.with_baseline(baseline) if outcome.best and outcome.best.result else None
     files, why = write_outputs(store, run_id, out_dir)
     return RunOutcome(run_id, outcome, baseline, best, files, why, phases)
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value)
-
-
-def _profile(problem: Problem, device: str) -> dict[str, Any] | None:
-    from kernelevolve.profile import ProfileError, profile_problem
-
+def _profile(problem: Problem, device: str) -> Profile | None:
     try:
-        return profile_problem(problem, device).to_dict()
+        return profile_problem(problem, device)
     except (ProfileError, RuntimeError) as e:
         log.warning("profiling failed: %s", e)
         return None

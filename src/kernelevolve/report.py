@@ -6,10 +6,12 @@ from __future__ import annotations
 import html
 import json
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kernelevolve.evaluate.result import Baseline, Result
+from kernelevolve.rows import Node
 from kernelevolve.search.select import best_node
 from kernelevolve.store import Store
 
@@ -296,30 +298,29 @@ def write_report(view: dict, path: str | Path) -> Path:
 
 
 def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
-    """Everything the HTML report shows, from the store alone."""
+    """Everything the HTML report shows, from the store alone, as plain data (the typed rows end here)."""
     run = store.run(run_id)
-    problem = store.problem_source(run["problem_sha"])
-    baseline = Baseline.from_json(json.dumps(run["baseline"])) if run.get("baseline") else None
-    history = store.nodes(run["id"])
+    problem = store.problem_source(run.problem_sha)
+    baseline = run.baseline
+    history = store.nodes(run.id)
     best, why = best_node(history)
     nodes = [_node_view(n, baseline) for n in history]
-    versions_ = run.get("versions") or {}
     return {
-        "run": {"id": run["id"], "device": run["device_key"], "status": run["status"], "created": run["created"],
-                "finished": run["finished"], "config": run["config"], "stop_reason": run.get("stop_reason"),
-                "kernelevolve_version": versions_.get("kernelevolve"), "torch_version": versions_.get("torch"),
-                "triton_version": versions_.get("triton")},
-        "problem": {"name": problem["name"], "path": problem["path"], "sha": problem["sha"], "source": problem["source"]},
-        "profile": run.get("profile"),
+        "run": {"id": run.id, "device": run.device_key, "status": run.status, "created": run.created,
+                "finished": run.finished, "config": run.config, "stop_reason": run.stop_reason,
+                "kernelevolve_version": run.versions.get("kernelevolve"), "torch_version": run.versions.get("torch"),
+                "triton_version": run.versions.get("triton")},
+        "problem": {"name": problem.name, "path": problem.path, "sha": problem.sha, "source": problem.source},
+        "profile": run.profile.to_dict() if run.profile else None,
         "baseline": None if baseline is None else {
             "eager_ms": baseline.eager.median_ms if baseline.eager else None,
             "compile_ms": baseline.compiled.median_ms if baseline.compiled else None,
             "compile_s": baseline.compile_s, "error": baseline.error},
-        "best": _best_view(best, why, baseline, problem["source"], history, run.get("stop_reason")),
-        "phases": run.get("phases") or {},
+        "best": _best_view(best, why, baseline, problem.source, history, run.stop_reason),
+        "phases": run.phases,
         "nodes": nodes,
-        "llm_usage": store.llm_usage(run["id"]),
-        "approvals": store.approvals(run["id"]),
+        "llm_usage": store.llm_usage(run.id),
+        "approvals": [asdict(a) for a in store.approvals(run.id)],
     }
 
 
@@ -340,16 +341,16 @@ def reference_candidate(source: str, why: str = UNBEATEN) -> str:
     return REFERENCE_CANDIDATE.format(why=why, source=source.rstrip())
 
 
-def _best_view(best: dict[str, Any] | None, why: str, baseline: Baseline | None, source: str,
-               history: Sequence[dict[str, Any]] = (), stop_reason: str | None = None) -> dict[str, Any]:
+def _best_view(best: Node | None, why: str, baseline: Baseline | None, source: str,
+               history: Sequence[Node] = (), stop_reason: str | None = None) -> dict[str, Any]:
     """The best node, or the reference itself when no candidate was verified or the fastest is slower than eager:
     every run answers with a kernel, and says why in one line."""
     if best is None:
-        judged = [n for n in history if n["result"] is not None]
+        judged = [n.result for n in history if n.result is not None]
         if judged:
             counts: dict[str, int] = {}
-            for n in judged:
-                counts[n["result"].status.value] = counts.get(n["result"].status.value, 0) + 1
+            for r in judged:
+                counts[r.status.value] = counts.get(r.status.value, 0) + 1
             what = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
             why = f"no candidate was verified ({len(judged)} evaluated: {what})"
         else:
@@ -357,23 +358,23 @@ def _best_view(best: dict[str, Any] | None, why: str, baseline: Baseline | None,
         return {"node": None, "reference": True, "why": f"{why}: best.py is the reference itself",
                 "source": reference_candidate(source, why)}
     eager = baseline.eager.median_ms if baseline is not None and baseline.eager else None
-    r = best["result"]
-    if eager is not None and r.timed and r.runtime_ms is not None and r.runtime_ms > eager:
+    r = best.result
+    if eager is not None and r is not None and r.timed and r.runtime_ms is not None and r.runtime_ms > eager:
         return {"node": None, "reference": True, "source": reference_candidate(source),
                 "why": f"no candidate beat eager ({eager:.4g} ms; the fastest took {r.runtime_ms:.4g} ms, node "
-                       f"{best['id']}): best.py is the reference itself"}
-    return {"node": best["id"], "source": best["source"], "why": why}
+                       f"{best.id}): best.py is the reference itself"}
+    return {"node": best.id, "source": best.source, "why": why}
 
 
-def _node_view(node: dict[str, Any], baseline: Baseline | None) -> dict[str, Any]:
-    r = node["result"].with_baseline(baseline) if node["result"] else None
-    return {"id": node["id"], "parent": node["parent"], "proposer": node["proposer"], "language": node["language"],
-            "sha": node["sha"], "status": r.status.value if r else "pending", "reason": _reason(r),
+def _node_view(node: Node, baseline: Baseline | None) -> dict[str, Any]:
+    r = node.result.with_baseline(baseline) if node.result else None
+    return {"id": node.id, "parent": node.parent, "proposer": node.proposer, "language": node.language,
+            "sha": node.sha, "status": r.status.value if r else "pending", "reason": _reason(r),
             "runtime_ms": r.runtime_ms if r else None, "timed": bool(r and r.timed),
             "speedup_eager": r.speedup_eager if r else None, "speedup_compile": r.speedup_compile if r else None,
             "compile_s": r.compile_s if r else None, "load_s": r.load_s if r else None,
-            "wall_s": r.wall_s if r else None, "created": node["created"], "cached": node["cached"],
-            "meta": node["meta"], "error": (r.error if r else "") or "", "source": node["source"]}
+            "wall_s": r.wall_s if r else None, "created": node.created, "cached": node.cached,
+            "meta": node.meta, "error": (r.error if r else "") or "", "source": node.source}
 
 
 def _reason(r: Result | None) -> str:

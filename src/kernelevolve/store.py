@@ -7,11 +7,13 @@ import json
 import math
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate.result import Result
+from kernelevolve.evaluate.result import Baseline, Result
 from kernelevolve.problem import Problem
+from kernelevolve.profile import Profile
+from kernelevolve.rows import Approval, Experience, KnownKernel, Node, Run, RunSummary, StoredProblem
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS problems (
@@ -70,6 +72,27 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+# The columns of runs that update_run sets: text as given, and typed values the store writes as JSON (read back by
+# _run into the same types).
+RUN_TEXT = frozenset({"status", "finished", "stop_reason"})
+RUN_JSON: dict[str, Callable[[Any], str]] = {"profile": lambda p: json.dumps(p.to_dict()), "baseline": Baseline.to_json,
+                                             "phases": json.dumps}
+
+
+def _run(row: sqlite3.Row) -> Run:
+    loads = lambda key: json.loads(row[key]) if row[key] else None  # noqa: E731
+    profile, baseline = loads("profile"), row["baseline"]
+    return Run(id=row["id"], problem_sha=row["problem_sha"], device=row["device"], device_key=row["device_key"],
+               config=loads("config"), status=row["status"], created=row["created"], finished=row["finished"],
+               profile=Profile.from_dict(profile) if profile else None,
+               baseline=Baseline.from_json(baseline) if baseline else None, versions=loads("versions") or {},
+               stop_reason=row["stop_reason"], phases=loads("phases") or {})
+
+
+def _result(data: str) -> Result:
+    return Result.from_dict(json.loads(data))
+
+
 class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -108,13 +131,16 @@ class Store:
             (problem.sha, device, device_key, json.dumps(config), "running", now(), json.dumps(versions)))
 
     def update_run(self, run_id: int, **fields: Any) -> None:
-        allowed = {"status", "finished", "profile", "baseline", "stop_reason", "phases"}
-        if not fields or set(fields) - allowed:
-            raise StoreError(f"cannot update run fields {sorted(set(fields) - allowed)}")
+        """Set fields of a run: ``status``, ``finished`` and ``stop_reason`` (text), ``profile`` (a Profile),
+        ``baseline`` (a Baseline) or ``phases`` (seconds by phase); the store writes them as JSON."""
+        unknown = set(fields) - RUN_TEXT - set(RUN_JSON)
+        if not fields or unknown:
+            raise StoreError(f"cannot update run fields {sorted(unknown)}")
         cols = ", ".join(f"{k} = ?" for k in fields)
-        self._write(f"UPDATE runs SET {cols} WHERE id = ?", (*fields.values(), run_id))
+        values = (RUN_JSON[k](v) if k in RUN_JSON else v for k, v in fields.items())
+        self._write(f"UPDATE runs SET {cols} WHERE id = ?", (*values, run_id))
 
-    def run(self, run_id: int | str) -> dict[str, Any]:
+    def run(self, run_id: int | str) -> Run:
         if run_id == "latest":
             row = self.db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
         else:
@@ -124,38 +150,41 @@ class Store:
                 row = None
         if row is None:
             raise StoreError(f"no run {run_id!r} in {self.path}")
-        d = dict(row)
-        for key in ("config", "profile", "baseline", "versions", "phases"):
-            d[key] = json.loads(d[key]) if d.get(key) else None
-        return d
+        return _run(row)
 
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self) -> list[RunSummary]:
         rows = self.db.execute(
-            "SELECT r.id, r.device, r.device_key, r.status, r.created, r.finished, r.stop_reason, p.name, "
-            "r.problem_sha, (SELECT COUNT(*) FROM nodes n WHERE n.run_id = r.id) AS n_nodes "
+            "SELECT r.id, p.name, r.problem_sha, r.device, r.device_key, r.status, r.created, r.finished, "
+            "r.stop_reason, (SELECT COUNT(*) FROM nodes n WHERE n.run_id = r.id) AS n_nodes "
             "FROM runs r JOIN problems p ON p.sha = r.problem_sha ORDER BY r.id").fetchall()
-        return [dict(r) for r in rows]
+        return [RunSummary(**row) for row in rows]
 
-    def problem_source(self, sha: str) -> dict[str, Any]:
+    def problem_source(self, sha: str) -> StoredProblem:
         row = self.db.execute("SELECT * FROM problems WHERE sha = ?", (sha,)).fetchone()
         if row is None:
             raise StoreError(f"no problem {sha[:12]}")
-        return dict(row)
+        return StoredProblem(**row)
 
     # --- candidates and results -----------------------------------------------------------------------------
-    def add_node(self, run_id: int, problem_sha: str, device_key: str, cand: Candidate) -> tuple[int, bool]:
-        """Record ``cand`` in the run's tree. Returns (node id, whether a result for this source already exists)."""
+    def add_node(self, run_id: int, problem_sha: str, device_key: str, cand: Candidate) -> Node:
+        """Record ``cand`` in the run's tree. The node comes back as ``nodes`` would read it: ``cached``, with the
+        existing result, when this source was already judged for this problem and device."""
+        created = now()
+        meta = json.dumps(cand.meta, default=str)
         with self.db:
             self.db.execute(
                 "INSERT OR IGNORE INTO candidates (problem_sha, device_key, sha, source, language, created) "
-                "VALUES (?,?,?,?,?,?)", (problem_sha, device_key, cand.sha, cand.source, cand.language, now()))
-            cid = self.db.execute("SELECT id FROM candidates WHERE problem_sha = ? AND device_key = ? AND sha = ?",
-                                  (problem_sha, device_key, cand.sha)).fetchone()[0]
-            cached = self.db.execute("SELECT 1 FROM results WHERE candidate_id = ?", (cid,)).fetchone() is not None
+                "VALUES (?,?,?,?,?,?)", (problem_sha, device_key, cand.sha, cand.source, cand.language, created))
+            cid, language = self.db.execute(
+                "SELECT id, language FROM candidates WHERE problem_sha = ? AND device_key = ? AND sha = ?",
+                (problem_sha, device_key, cand.sha)).fetchone()
+            known = self.db.execute("SELECT data FROM results WHERE candidate_id = ?", (cid,)).fetchone()
             cur = self.db.execute(
                 "INSERT INTO nodes (run_id, candidate_id, parent, proposer, meta, cached, created) VALUES (?,?,?,?,?,?,?)",
-                (run_id, cid, cand.parent, cand.proposer, json.dumps(cand.meta, default=str), int(cached), now()))
-        return int(cur.lastrowid), cached
+                (run_id, cid, cand.parent, cand.proposer, meta, int(known is not None), created))
+        return Node(id=int(cur.lastrowid), run_id=run_id, parent=cand.parent, proposer=cand.proposer,
+                    meta=json.loads(meta), cached=known is not None, created=created, candidate_id=cid, sha=cand.sha,
+                    source=cand.source, language=language, result=_result(known[0]) if known else None)
 
     def save_result(self, node_id: int, result: Result) -> None:
         cid = self.db.execute("SELECT candidate_id FROM nodes WHERE id = ?", (node_id,)).fetchone()[0]
@@ -163,21 +192,16 @@ class Store:
                     (cid, result.status.value, result.reason, result.runtime_ms, int(result.timed),
                      json.dumps(result.to_dict(), default=str), now()))
 
-    def nodes(self, run_id: int) -> list[dict[str, Any]]:
+    def nodes(self, run_id: int) -> list[Node]:
         """Every node of a run in creation order, joined with its candidate and result (None when pending)."""
         rows = self.db.execute(
-            "SELECT n.id, n.parent, n.proposer, n.meta, n.cached, n.created, c.id AS candidate_id, c.sha, c.source, "
-            "c.language, r.data FROM nodes n JOIN candidates c ON c.id = n.candidate_id "
+            "SELECT n.id, n.run_id, n.parent, n.proposer, n.meta, n.cached, n.created, c.id AS candidate_id, c.sha, "
+            "c.source, c.language, r.data FROM nodes n JOIN candidates c ON c.id = n.candidate_id "
             "LEFT JOIN results r ON r.candidate_id = c.id WHERE n.run_id = ? ORDER BY n.id", (run_id,)).fetchall()
-        out = []
-        for row in rows:
-            d = dict(row)
-            d["meta"] = json.loads(d["meta"])
-            d["cached"] = bool(d["cached"])
-            data = d.pop("data")
-            d["result"] = Result.from_dict(json.loads(data)) if data else None
-            out.append(d)
-        return out
+        return [Node(id=row["id"], run_id=row["run_id"], parent=row["parent"], proposer=row["proposer"],
+                     meta=json.loads(row["meta"]), cached=bool(row["cached"]), created=row["created"],
+                     candidate_id=row["candidate_id"], sha=row["sha"], source=row["source"], language=row["language"],
+                     result=_result(row["data"]) if row["data"] else None) for row in rows]
 
     # --- experience across runs ------------------------------------------------------------------------------
     def record_experience(self, run_id: int) -> int:
@@ -186,43 +210,41 @@ class Store:
         with its strategy, its configuration (the node's meta) and its code (the candidate). Returns the rows
         written; recording a run again replaces its rows."""
         run = self.run(run_id)
-        nodes = [n for n in self.nodes(run_id) if not n["meta"].get("reused")]
-        families = sorted({c["family"] for n in nodes for c in n["meta"].get("configs", [])}
-                          | {f for n in nodes for f in n["meta"].get("families", [])})
-        prof = run.get("profile") or {}
-        nbytes = prof.get("bytes")
+        nodes = [n for n in self.nodes(run_id) if not n.meta.get("reused")]
+        families = sorted({c["family"] for n in nodes for c in n.meta.get("configs", [])}
+                          | {f for n in nodes for f in n.meta.get("families", [])})
+        nbytes = run.profile.bytes if run.profile else None
         bucket = round(math.log2(nbytes)) if nbytes else None
-        best: dict[str, dict[str, Any]] = {}
+        best: dict[str, tuple[Node, float]] = {}
         for n in nodes:
-            r = n["result"]
-            if r is not None and r.ok and r.timed and r.runtime_ms is not None:
-                if n["proposer"] not in best or r.runtime_ms < best[n["proposer"]]["result"].runtime_ms:
-                    best[n["proposer"]] = n
+            ms = n.runtime_ms
+            if ms is not None and (n.proposer not in best or ms < best[n.proposer][1]):
+                best[n.proposer] = (n, ms)
         with self.db:
             self.db.execute("DELETE FROM experience WHERE run_id = ?", (run_id,))
-            for proposer, n in best.items():
-                r = n["result"]
+            for proposer, (n, ms) in best.items():
                 self.db.execute(
                     "INSERT INTO experience (run_id, proposer, device_key, problem_sha, families, dtype, bytes, "
                     "size_bucket, strategy, meta, candidate_id, runtime_ms, speedup_eager, created) "
                     "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (run_id, proposer, run["device_key"], run["problem_sha"], json.dumps(families), prof.get("dtype"),
-                     nbytes, bucket, n["meta"].get("strategy") or n["meta"].get("label"), json.dumps(n["meta"]),
-                     n["candidate_id"], r.runtime_ms, r.speedup_eager, now()))
+                    (run_id, proposer, run.device_key, run.problem_sha, json.dumps(families),
+                     run.profile.dtype if run.profile else None, nbytes, bucket,
+                     n.meta.get("strategy") or n.label, json.dumps(n.meta), n.candidate_id, ms,
+                     n.result.speedup_eager if n.result else None, now()))
         return len(best)
 
     def experience(self, device_key: str, proposer: str | None, exclude_run: int | None = None,
-                   limit: int = 50) -> list[dict[str, Any]]:
+                   limit: int = 50) -> list[Experience]:
         """Recorded winners of earlier runs on this device model (by ``proposer``, or by any proposer when None),
-        fastest first. Each entry: ``meta``, ``source``, ``proposer``, ``strategy``, ``ms``, ``speedup_eager``, and the
-        run's ``problem_sha``, ``problem``, ``families``, ``dtype``, ``bytes`` and ``size_bucket``."""
+        fastest first."""
         rows = self.db.execute(
             "SELECT e.run_id, e.proposer, e.strategy, e.meta, e.runtime_ms AS ms, e.speedup_eager, e.problem_sha, "
             "p.name AS problem, e.families, e.dtype, e.bytes, e.size_bucket, c.source FROM experience e "
             "JOIN candidates c ON c.id = e.candidate_id JOIN problems p ON p.sha = e.problem_sha "
             "WHERE e.device_key = ? AND (? IS NULL OR e.proposer = ?) AND e.run_id != ? ORDER BY e.runtime_ms LIMIT ?",
             (device_key, proposer, proposer, exclude_run or -1, limit)).fetchall()
-        return [dict(row, meta=json.loads(row["meta"]), families=json.loads(row["families"])) for row in rows]
+        return [Experience(**dict(row, meta=json.loads(row["meta"]), families=json.loads(row["families"])))
+                for row in rows]
 
     def _backfill_experience(self) -> None:
         """Databases written before the experience table: record their finished runs once."""
@@ -230,17 +252,16 @@ class Store:
             for (run_id,) in self.db.execute("SELECT id FROM runs WHERE status = 'finished'").fetchall():
                 self.record_experience(run_id)
 
-    def fastest_known(self, problem_sha: str, device_key: str, limit: int = 3) -> list[dict[str, Any]]:
-        """The fastest verified, timed candidates of this problem on this device model, from any run, fastest first:
-        each with its source, language, and the proposer and meta of the first node that holds it."""
+    def fastest_known(self, problem_sha: str, device_key: str, limit: int = 3) -> list[KnownKernel]:
+        """The fastest verified, timed candidates of this problem on this device model, from any run, fastest first."""
         rows = self.db.execute(
-            "SELECT c.id, c.source, c.language, r.runtime_ms, "
+            "SELECT c.id AS candidate_id, c.source, c.language, r.runtime_ms, "
             "(SELECT n.proposer FROM nodes n WHERE n.candidate_id = c.id ORDER BY n.id LIMIT 1) AS proposer, "
             "(SELECT n.meta FROM nodes n WHERE n.candidate_id = c.id ORDER BY n.id LIMIT 1) AS meta "
             "FROM candidates c JOIN results r ON r.candidate_id = c.id "
             "WHERE c.problem_sha = ? AND c.device_key = ? AND r.status = 'ok' AND r.timed = 1 "
             "ORDER BY r.runtime_ms LIMIT ?", (problem_sha, device_key, limit)).fetchall()
-        return [dict(row, meta=json.loads(row["meta"] or "{}")) for row in rows if row["proposer"]]
+        return [KnownKernel(**dict(row, meta=json.loads(row["meta"] or "{}"))) for row in rows if row["proposer"]]
 
     # --- language-model calls ---------------------------------------------------------------------------------
     def add_llm_call(self, run_id: int, proposer: str, model: str, strategy: str, status: str, detail: str = "",
@@ -276,18 +297,17 @@ class Store:
         return dict(total(calls), by_model={m: total([r for r in calls if r["model"] == m]) for m in models})
 
     # --- approvals --------------------------------------------------------------------------------------------
-    def add_approval(self, run_id: int, node_id: int, candidate_sha: str, by: str, note: str) -> dict[str, Any]:
-        """Who approved which source (by its sha256) of a run's node, when and why."""
+    def add_approval(self, run_id: int, node_id: int, candidate_sha: str, by: str, note: str) -> Approval:
         if not note.strip():
             raise StoreError("an approval needs a note: what was reviewed, and why it may ship")
         aid = self._write("INSERT INTO approvals (run_id, node_id, candidate_sha, approved_by, note, created) "
                           "VALUES (?,?,?,?,?,?)", (run_id, node_id, candidate_sha, by, note, now()))
-        return dict(self.db.execute("SELECT * FROM approvals WHERE id = ?", (aid,)).fetchone())
+        return Approval(**self.db.execute("SELECT * FROM approvals WHERE id = ?", (aid,)).fetchone())
 
-    def approvals(self, run_id: int, node_id: int | None = None) -> list[dict[str, Any]]:
+    def approvals(self, run_id: int, node_id: int | None = None) -> list[Approval]:
         rows = self.db.execute("SELECT * FROM approvals WHERE run_id = ? AND (? IS NULL OR node_id = ?) ORDER BY id",
                                (run_id, node_id, node_id)).fetchall()
-        return [dict(r) for r in rows]
+        return [Approval(**r) for r in rows]
 
     # --- jobs (service mode) ----------------------------------------------------------------------------------
     def add_job(self, problem_path: str, problem_name: str, problem_source: str, config: dict[str, Any],

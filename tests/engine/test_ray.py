@@ -162,14 +162,14 @@ def test_optimize_through_ray(head, problem_file, tmp_path):
     assert (out / "best.py").is_file() and (out / "report.html").is_file()
     store = Store(db)
     run = store.run("latest")
-    assert run["status"] == "finished"
-    assert run["device_key"].startswith("cpu:")
-    nodes = store.nodes(run["id"])
-    assert len(nodes) == 3 and all(n["result"].status is Status.OK for n in nodes)
+    assert run.status == "finished"
+    assert run.device_key.startswith("cpu:")
+    nodes = store.nodes(run.id)
+    assert len(nodes) == 3 and all(n.result.status is Status.OK for n in nodes)
     for n in nodes:  # evaluated by Ray workers of this head (a local pool records no "ray" details)
-        where = n["result"].details["ray"]
+        where = n.result.details["ray"]
         assert where["node"] and where["host"] == socket.gethostname() and where["pid"] != os.getpid()
-    assert run["baseline"]["eager"] is not None
+    assert run.baseline.eager is not None
 
 
 def test_unreachable_address_fails_at_once(problem_file, tmp_path):

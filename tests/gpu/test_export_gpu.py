@@ -24,12 +24,12 @@ def test_export_on_cuda(tmp_path):
     problem = load_problem(path, "cuda")
     store = Store(tmp_path / "ke.db")
     run = store.create_run(problem, "cuda", f"cuda:{torch.cuda.get_device_name(0)}", {}, {})
-    node, _ = store.add_node(run, problem.sha, "x", Candidate(KERNEL.format(problem=PROBLEM), proposer="template",
-                                                              meta={"label": "fused"}))
+    node = store.add_node(run, problem.sha, "x", Candidate(KERNEL.format(problem=PROBLEM), proposer="template",
+                                                           meta={"label": "fused"})).id
     store.save_result(node, Result(Status.OK, "verified"))
     approve(store, run, None, "reviewed on the GPU", by="reviewer")
     n = resolve(store, run, None)
-    shapes = verify_shapes(problem, n["source"], "cuda", tmp_path / "work")
+    shapes = verify_shapes(problem, n.source, "cuda", tmp_path / "work")
     assert all(s["verdict"] in ("wins", "ties", "loses") for s in shapes), shapes
     assert all(s["speedup"] is not None for s in shapes)
     module_path, _ = build_export(store, run, None, tmp_path / "out" / "relu_cuda.py", shapes,

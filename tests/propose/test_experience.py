@@ -15,6 +15,7 @@ from kernelevolve.propose.inductor import InductorProposer  # noqa: E402
 from kernelevolve.propose.llm import LLMProposer  # noqa: E402
 from kernelevolve.propose.template import TemplateProposer, plan_problem  # noqa: E402
 from kernelevolve.search.loop import rank_experience  # noqa: E402
+from tests.factories import make_experience, make_profile  # noqa: E402
 
 SOFTMAX = """
 import torch, torch.nn as nn
@@ -33,10 +34,7 @@ def problem(tmp_path):
     return load_problem(path)
 
 
-def entry(proposer="template", meta=None, dtype="float32", nbytes=1e6, speedup=1.5, source="# kernel\n",
-          problem="other"):
-    return {"proposer": proposer, "meta": meta or {}, "dtype": dtype, "bytes": nbytes, "speedup_eager": speedup,
-            "source": source, "problem": problem, "ms": 1.0}
+entry = make_experience
 
 
 def test_similar_problems_rank_first():
@@ -45,8 +43,8 @@ def test_similar_problems_rank_first():
                entry(nbytes=1.5e6, speedup=1.2, problem="near, slower"),
                entry(nbytes=0.9e6, speedup=2.0, problem="near, faster"),
                entry(nbytes=None, speedup=3.0, problem="unprofiled")]
-    ranked = rank_experience(entries, {"dtype": "float32", "bytes": 1e6})
-    assert [e["problem"] for e in ranked] == ["near, faster", "near, slower", "far size", "unprofiled", "other dtype"]
+    ranked = rank_experience(entries, make_profile(dtype="float32", bytes=1e6))
+    assert [e.problem for e in ranked] == ["near, faster", "near, slower", "far size", "unprofiled", "other dtype"]
 
 
 def test_template_proposer_starts_from_an_earlier_winners_config(problem):

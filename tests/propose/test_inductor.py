@@ -8,6 +8,8 @@ import torch
 from kernelevolve.propose import ProposalContext, ProposerError, make_proposers
 from kernelevolve.propose.inductor import CPU_KNOBS, CUDA_KNOBS, InductorProposer, config_key
 from kernelevolve.problem import load_problem
+from kernelevolve.rows import Node
+from tests.factories import make_node
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "gelu_mlp.py"
 
@@ -17,10 +19,10 @@ def problem():
     return load_problem(EXAMPLE)
 
 
-def as_nodes(cands, start: int = 1) -> list[dict]:
-    """Store.nodes-shaped history for candidates (results are irrelevant to the proposer)."""
-    return [{"id": start + i, "parent": c.parent, "proposer": c.proposer, "meta": c.meta, "sha": c.sha,
-             "source": c.source, "result": None} for i, c in enumerate(cands)]
+def as_nodes(cands, start: int = 1) -> list[Node]:
+    """The history nodes of candidates (results are irrelevant to the proposer)."""
+    return [make_node(start + i, None, c.parent, c.proposer, meta=c.meta, source=c.source, language=c.language)
+            for i, c in enumerate(cands)]
 
 
 def ctx(problem, history=(), parents=(), device="cpu") -> ProposalContext:
@@ -49,13 +51,13 @@ def test_proposes_distinct_configs(problem):
 
 def test_never_repeats_history(problem):
     prop = InductorProposer("cpu", seed=1)
-    history: list[dict] = []
+    history: list[Node] = []
     for _ in range(6):
         cands = prop.propose(ctx(problem, history, history[-1:]), 5)
-        tried = {config_key(n["meta"]["options"]) for n in history}
+        tried = {config_key(n.meta["options"]) for n in history}
         assert not tried & {config_key(c.meta["options"]) for c in cands}
         history += as_nodes(cands, start=len(history) + 1)
-    keys = [config_key(n["meta"]["options"]) for n in history]
+    keys = [config_key(n.meta["options"]) for n in history]
     assert len(keys) == len(set(keys)) >= 20
 
 
@@ -67,12 +69,11 @@ def test_a_fresh_proposer_respects_a_resumed_history(problem):
 
 def test_mutations_carry_parent_id(problem):
     prop = InductorProposer("cpu", seed=3)
-    parent = {"id": 7, "parent": None, "proposer": "inductor", "meta": {"label": "freezing",
-                                                                        "options": {"freezing": True}}}
+    parent = make_node(7, proposer="inductor", meta={"label": "freezing", "options": {"freezing": True}})
     cands = prop.propose(ctx(problem, [parent], [parent]), 200)
     mutations = [c for c in cands if c.parent is not None]
     assert mutations and all(c.parent == 7 for c in mutations)
-    base = parent["meta"]["options"]
+    base = parent.meta["options"]
     for c in mutations:  # exactly the labelled knob differs from the parent's options
         opts = c.meta["options"]
         changed = {k for k in prop.space if opts.get(k, prop.space[k][0]) != base.get(k, prop.space[k][0])}
@@ -82,7 +83,7 @@ def test_mutations_carry_parent_id(problem):
 
 
 def test_no_mutations_of_foreign_parents(problem):
-    foreign = {"id": 9, "parent": None, "proposer": "llm", "meta": {}}
+    foreign = make_node(9, proposer="llm")
     cands = InductorProposer("cpu", seed=4).propose(ctx(problem, [], [foreign]), 200)
     assert all(c.parent is None for c in cands)
 
@@ -112,14 +113,14 @@ def test_cuda_knobs_absent_on_cpu(problem):
     prop = InductorProposer("cpu", seed=7)
     assert not set(CUDA_KNOBS) & set(prop.space)
     assert set(CPU_KNOBS) & set(prop.space)
-    history: list[dict] = []
+    history: list[Node] = []
     for _ in range(5):
         cands = prop.propose(ctx(problem, history, history[-2:]), 10)
         history += as_nodes(cands, start=len(history) + 1)
-    used = {k for n in history for k in n["meta"]["options"]}
+    used = {k for n in history for k in n.meta["options"]}
     assert used and not used & set(CUDA_KNOBS)
     assert not any(k.startswith("triton.") for k in used)
-    options_lines = [ln for n in history for ln in n["source"].splitlines() if ln.startswith("COMPILE_OPTIONS")]
+    options_lines = [ln for n in history for ln in n.source.splitlines() if ln.startswith("COMPILE_OPTIONS")]
     assert len(options_lines) == len(history) and not any("triton." in ln for ln in options_lines)
 
 

@@ -17,6 +17,7 @@ from kernelevolve.propose.base import ProposalContext
 from kernelevolve.propose.llm import ExpandConfig, Expander, LLMProposer
 from kernelevolve.propose.manual import ManualProposer
 from kernelevolve.store import Store
+from tests.factories import make_node
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gelu_mlp.py"
@@ -88,8 +89,7 @@ def node(i, status=Status.OK, ms=1.0, parent=None, proposer="llm"):
     timing = Timing.from_samples([ms], "perf_counter") if ms is not None else None
     result = Result(status, "verified" if status is Status.OK else "output 0 mismatch: max abs err 9",
                     timing=timing, timed=ms is not None)
-    return {"id": i, "parent": parent, "proposer": proposer, "meta": {"label": f"n{i}"}, "source": GOOD.format(tag=i),
-            "result": result}
+    return make_node(i, result, parent, proposer, meta={"label": f"n{i}"}, source=GOOD.format(tag=i))
 
 
 def test_good_reply_becomes_a_candidate_and_the_call_is_recorded(monkeypatch, problem, store):
@@ -158,7 +158,7 @@ def test_expander_leaves_a_node_whose_children_keep_failing():
 def test_expander_spreads_steps_over_the_fastest_nodes():
     ex = Expander("llm", ExpandConfig(explore=0.0), __import__("random").Random(1))
     nodes = [node(i, ms=float(i), proposer="template") for i in range(1, 5)]
-    parents = {step[1]["id"] for step in ex.plan(nodes, 30)}
+    parents = {step[1].id for step in ex.plan(nodes, 30)}
     assert parents == {1, 2, 3}  # the top 3, not only the fastest, and never the 4th
 
 

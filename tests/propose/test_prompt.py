@@ -18,6 +18,8 @@ from kernelevolve.propose.prompt import (
     extract_code,
     language_of,
 )
+from kernelevolve.rows import Node
+from tests.factories import make_node, make_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gelu_mlp.py"
@@ -27,18 +29,17 @@ GOOD = "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, 
 @pytest.fixture(scope="module")
 def pin() -> PromptInputs:
     problem = load_problem(EXAMPLE, "cpu")
-    profile = {"device_name": "NVIDIA H200", "dtype": "float32", "bound": "memory", "flops": 2e9, "bytes": 5e7,
-               "floor_ms": 0.01, "eager_ms": 0.05, "top_ops": [{"name": "addmm", "pct": 80.0}]}
+    profile = make_profile(device_name="NVIDIA H200", dtype="float32", bound="memory", flops=2e9, bytes=5e7,
+                           floor_ms=0.01, eager_ms=0.05, top_ops=[{"name": "addmm", "pct": 80.0}])
     return PromptInputs(problem, "NVIDIA H200", describe_inputs(problem), profile,
                         knowledge="H200: 132 SMs, 4.8 TB/s HBM3e.")
 
 
-def node(i: int, source: str, status: Status = Status.OK, ms: float | None = 1.0, parent=None, **kw) -> dict:
+def node(i: int, source: str, status: Status = Status.OK, ms: float | None = 1.0, parent=None, **kw) -> Node:
     timing = Timing.from_samples([ms], "cuda_event") if ms is not None else None
     result = Result(status, kw.pop("reason", "verified" if status is Status.OK else "mismatch"), timing=timing,
                     timed=ms is not None, error=kw.pop("error", ""))
-    return {"id": i, "parent": parent, "proposer": kw.pop("proposer", "llm"), "meta": {"label": f"n{i}"},
-            "source": source, "result": result}
+    return make_node(i, result, parent, kw.pop("proposer", "llm"), meta={"label": f"n{i}"}, source=source)
 
 
 def test_scratch_prompt_carries_problem_inputs_profile_device_facts_and_rules(pin):

@@ -12,6 +12,7 @@ from kernelevolve.problem import build_model, import_module_from_path, load_prob
 from kernelevolve.propose.base import ProposalContext  # noqa: E402
 from kernelevolve.propose.template import TemplateProposer, genome_key, plan_problem  # noqa: E402
 from kernelevolve.templates.base import load_source  # noqa: E402
+from tests.factories import make_node, make_profile  # noqa: E402
 
 PROBLEM = """
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -35,7 +36,7 @@ def problem(tmp_path):
 
 
 def _ctx(problem, history=()):
-    return ProposalContext(problem, "cpu", {"bound": "memory"}, list(history))
+    return ProposalContext(problem, "cpu", make_profile(bound="memory"), list(history))
 
 
 def _run(source: str, problem, inputs):
@@ -79,8 +80,8 @@ def test_search_never_repeats_a_genome_and_breeds_from_the_fastest(problem):
     history = []
     for i, c in enumerate(first):
         timing = Timing.from_samples([1.0 + i], "perf_counter")
-        history.append({"id": i + 1, "proposer": "template", "meta": c.meta,
-                        "result": Result(Status.OK, "verified", timing=timing, timed=True)})
+        history.append(make_node(i + 1, Result(Status.OK, "verified", timing=timing, timed=True), meta=c.meta,
+                                 source=c.source))
     nxt = proposer.propose(_ctx(problem, history), 20)  # the remaining seeds first, then offspring
     keys = {genome_key(c.meta["genome"]) for c in first}
     assert nxt and all(genome_key(c.meta["genome"]) not in keys for c in nxt)

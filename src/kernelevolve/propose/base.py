@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.problem import Problem
+from kernelevolve.rows import Experience, Node
+
+if TYPE_CHECKING:
+    from kernelevolve.profile import Profile
 
 
 class ProposerError(Exception):
@@ -16,11 +20,11 @@ class ProposerError(Exception):
 class ProposalContext:
     problem: Problem
     device: str
-    profile: dict[str, Any] | None
-    history: list[dict[str, Any]]  # the run's nodes so far (Store.nodes format), oldest first
-    parents: list[dict[str, Any]] = field(default_factory=list)  # nodes the selector chose to expand
-    # earlier runs' winners on this device model, most similar problems first (Store.experience entries)
-    experience: list[dict[str, Any]] = field(default_factory=list)
+    profile: Profile | None
+    history: list[Node]  # the run's nodes so far, oldest first
+    parents: list[Node] = field(default_factory=list)  # nodes the selector chose to expand
+    # earlier runs' winners on this device model, most similar problems first
+    experience: list[Experience] = field(default_factory=list)
 
 
 class Proposer(Protocol):

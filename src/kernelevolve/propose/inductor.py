@@ -10,7 +10,7 @@ import json
 import random
 from typing import Any
 
-from kernelevolve.candidate import Candidate
+from kernelevolve.candidate import Candidate, Meta
 from kernelevolve.propose.base import ProposalContext
 
 # Knobs and their values, as plain data. The first value of each is Inductor's default.
@@ -108,18 +108,18 @@ class InductorProposer:
         return {k: v for k, v in options.items() if v != self.space[k][0]}
 
     def _candidates(self, ctx: ProposalContext) -> list[tuple[str, dict[str, Any], int | None]]:
-        learned = [("experience", e["meta"]["options"], None) for e in ctx.experience[:3]
-                   if isinstance(e["meta"].get("options"), dict) and self._valid(e["meta"]["options"])]
+        learned = [("experience", e.meta["options"], None) for e in ctx.experience[:3]
+                   if isinstance(e.meta.get("options"), dict) and self._valid(e.meta["options"])]
         seeds = learned + [(label, opts, None) for label, opts in SEEDS if self._valid(opts)]
         mutations: list[tuple[str, dict[str, Any], int | None]] = []
         for parent in ctx.parents:
-            base = dict(parent.get("meta", {}).get("options", {}))
-            if parent.get("proposer") != self.name:
+            base = dict(parent.meta.get("options", {}))
+            if parent.proposer != self.name:
                 continue
             for knob, values in self.space.items():
                 for value in values:
                     if base.get(knob, values[0]) != value:
-                        mutations.append((f"{knob}={value}", dict(base, **{knob: value}), parent["id"]))
+                        mutations.append((f"{knob}={value}", dict(base, **{knob: value}), parent.id))
         self.rng.shuffle(mutations)
         return seeds + mutations
 
@@ -127,7 +127,7 @@ class InductorProposer:
         return {k: self.rng.choice(v) for k, v in self.space.items() if self.rng.random() < 0.3}
 
     def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
-        tried = {config_key(node["meta"].get("options", {})) for node in ctx.history if node["proposer"] == self.name}
+        tried = {config_key(node.meta.get("options", {})) for node in ctx.history if node.proposer == self.name}
         out: list[Candidate] = []
         pool = self._candidates(ctx) + [("random", self._random(), None) for _ in range(4 * n)]
         for label, options, parent in pool:
@@ -138,7 +138,7 @@ class InductorProposer:
             tried.add(key)
             source = render(ctx.problem.source, options, label)
             out.append(Candidate(source, proposer=self.name, language="inductor", parent=parent,
-                                 meta={"label": label, "options": options}))
+                                 meta=Meta(label=label, options=options)))
             if len(out) >= n:
                 break
         return out

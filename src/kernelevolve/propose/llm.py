@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kernelevolve.candidate import Candidate
+from kernelevolve.candidate import Candidate, Meta
 from kernelevolve.propose.base import ProposalContext
 from kernelevolve.propose.prompt import Prompt, PromptInputs, build_prompt, describe_inputs, extract_code, language_of
+from kernelevolve.rows import Experience, Node
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +38,13 @@ class ExpandConfig:
     max_failed_calls: int = 6  # calls in a row without a candidate after which the proposer gives up
 
 
-def _failed(node: dict[str, Any]) -> bool:
-    return node.get("result") is not None and not node["result"].ok
+def fastest_verified(history: Sequence[Node]) -> list[Node]:
+    """The verified nodes, the timed ones fastest first, then the untimed ones in creation order."""
+    return sorted((node for node in history if node.ok),
+                  key=lambda node: float("inf") if node.runtime_ms is None else node.runtime_ms)
 
 
-def _speed_key(node: dict[str, Any]) -> float:
-    r = node["result"]
-    return r.runtime_ms if r.timed and r.runtime_ms is not None else float("inf")
+Step = tuple[str, Node | None, list[Node]]  # (strategy, the node it expands, that node's children so far)
 
 
 class Expander:
@@ -52,27 +53,25 @@ class Expander:
     def __init__(self, name: str, cfg: ExpandConfig, rng: random.Random):
         self.name, self.cfg, self.rng = name, cfg, rng
 
-    def repair_depth(self, node: dict[str, Any], by_id: dict[int, dict[str, Any]]) -> int:
+    def repair_depth(self, node: Node | None, by_id: dict[int, Node]) -> int:
         depth = 0
-        while node is not None and node["proposer"] == self.name and _failed(node):
+        while node is not None and node.proposer == self.name and node.failed:
             depth += 1
-            node = by_id.get(node["parent"])
+            node = by_id.get(node.parent) if node.parent is not None else None
         return depth
 
-    def plan(self, history: Sequence[dict[str, Any]], n: int) -> list[tuple[str, dict | None, list[dict]]]:
-        by_id = {node["id"]: node for node in history}
-        children: dict[int, list[dict[str, Any]]] = {}
+    def plan(self, history: Sequence[Node], n: int) -> list[Step]:
+        by_id = {node.id: node for node in history}
+        children: dict[int, list[Node]] = {}
         for node in history:
-            if node["parent"] is not None:
-                children.setdefault(node["parent"], []).append(node)
-        repairs = [node for node in reversed(history) if node["proposer"] == self.name and _failed(node)
-                   and node["id"] not in children and self.repair_depth(node, by_id) <= self.cfg.max_repairs]
-        verified = sorted((node for node in history if node.get("result") is not None and node["result"].ok),
-                          key=_speed_key)
-        alive = [node for node in verified
-                 if sum(_failed(c) for c in children.get(node["id"], [])) < self.cfg.max_child_failures]
+            if node.parent is not None:
+                children.setdefault(node.parent, []).append(node)
+        repairs = [node for node in reversed(history) if node.proposer == self.name and node.failed
+                   and node.id not in children and self.repair_depth(node, by_id) <= self.cfg.max_repairs]
+        alive = [node for node in fastest_verified(history)
+                 if sum(c.failed for c in children.get(node.id, [])) < self.cfg.max_child_failures]
         targets = alive[:self.cfg.top_k]
-        steps: list[tuple[str, dict | None, list[dict]]] = []
+        steps: list[Step] = []
         picked: dict[int, int] = {}
         for _ in range(n):
             if repairs:
@@ -82,9 +81,9 @@ class Expander:
                 steps.append(("scratch", None, []))
             else:
                 node = self.rng.choices(targets, weights=[1 / (i + 1) for i in range(len(targets))])[0]
-                kids = children.get(node["id"], [])
-                earlier = picked.get(node["id"], 0)
-                picked[node["id"]] = earlier + 1
+                kids = children.get(node.id, [])
+                earlier = picked.get(node.id, 0)
+                picked[node.id] = earlier + 1
                 steps.append(("contrast" if len(kids) + earlier >= 2 else "improve", node, kids))
         return steps
 
@@ -136,8 +135,8 @@ class PromptedProposer:
     # --- context ----------------------------------------------------------------------------------------------
     def prompt_inputs(self, ctx: ProposalContext) -> PromptInputs:
         if self._inputs is None or self._inputs[0] != ctx.problem.sha:
-            profile = ctx.profile or {}
-            device_name = profile.get("device_name") or ("a CUDA GPU" if self.device == "cuda" else "the CPU")
+            device_name = (ctx.profile.device_name if ctx.profile else "") or (
+                "a CUDA GPU" if self.device == "cuda" else "the CPU")
             self.families = _families(ctx)
             self._inputs = (ctx.problem.sha, PromptInputs(
                 ctx.problem, device_name, describe_inputs(ctx.problem), ctx.profile,
@@ -145,16 +144,16 @@ class PromptedProposer:
                 templates_dir=self.prompts_dir))
         return self._inputs[1]
 
-    def _examples(self, ctx: ProposalContext) -> tuple[dict[str, Any], ...]:
+    def _examples(self, ctx: ProposalContext) -> tuple[dict[str, str], ...]:
         """Worked examples: earlier winners (template or model kernels, not torch.compile wrappers) on this device,
         those sharing the most op families with this problem first, then in the loop's order of similarity."""
         mine = set(self.families)
-        entries = [e for e in ctx.experience if e["proposer"] != "inductor"]
+        entries = [e for e in ctx.experience if e.proposer != "inductor"]
         shared = lambda e: len(mine & _entry_families(e))  # noqa: E731
         entries.sort(key=lambda e: -shared(e))  # stable: ties keep the loop's ranking
-        return tuple({"label": f"{e['proposer']}: {e['meta'].get('label')} on {e['problem']}",
-                      "result": f"{e['speedup_eager']:.2f}x over eager" if e.get("speedup_eager") else "verified",
-                      "source": e["source"]} for e in entries[:MAX_EXAMPLES])
+        return tuple({"label": f"{e.proposer}: {e.meta.get('label')} on {e.problem}",
+                      "result": f"{e.speedup_eager:.2f}x over eager" if e.speedup_eager else "verified",
+                      "source": e.source} for e in entries[:MAX_EXAMPLES])
 
     def _knowledge(self, device_name: str, ctx: ProposalContext) -> str:
         try:
@@ -162,7 +161,7 @@ class PromptedProposer:
         except ImportError:  # the knowledge package is optional for this proposer
             return ""
         families = self.families
-        bound = (ctx.profile or {}).get("bound")
+        bound = ctx.profile.bound if ctx.profile else None
         text = render(retrieve(device_name, families, bound, self.knowledge_dirs,
                                max_chars=self.budget_tokens * 4 // 3))
         return re.sub(r"^(#+) ", r"##\1 ", text, flags=re.M)  # the notes' headings sit below the prompt's own
@@ -172,7 +171,7 @@ class PromptedProposer:
         if self.failed_calls >= self.expander.cfg.max_failed_calls:
             return []
         pin = self.prompt_inputs(ctx)
-        best = sorted((x for x in ctx.history if x.get("result") is not None and x["result"].ok), key=_speed_key)
+        best = fastest_verified(ctx.history)
         out: list[Candidate] = []
         while not out and self.failed_calls < self.expander.cfg.max_failed_calls and not self.done():
             steps = self.expander.plan(ctx.history, n)
@@ -196,8 +195,8 @@ class PromptedProposer:
             log.warning("%s: %d calls in a row gave no candidate; this proposer stops", self.name, self.failed_calls)
         return out
 
-    def _candidate(self, strategy: str, parent: dict | None, prompt: Prompt, reply: Reply) -> Candidate | None:
-        parent_id = parent["id"] if parent else None
+    def _candidate(self, strategy: str, parent: Node | None, prompt: Prompt, reply: Reply) -> Candidate | None:
+        parent_id = parent.id if parent else None
         if reply.text is None:
             status, detail, code = "error", reply.error, None
             log.warning("%s (%s): the call failed: %s", self.name, reply.model, reply.error)
@@ -214,17 +213,15 @@ class PromptedProposer:
                 reply.output_tokens, reply.cost_usd, reply.latency_s, prompt.sha)
         if code is None:
             return None
-        meta = {"label": f"{strategy} ({reply.model})", "strategy": strategy, "model": reply.model,
-                "families": self.families,
-                "prompt_tokens": prompt.tokens, "dropped_sections": list(prompt.dropped), "llm_call": call_id}
+        meta = Meta(label=f"{strategy} ({reply.model})", strategy=strategy, model=reply.model, families=self.families,
+                    prompt_tokens=prompt.tokens, dropped_sections=list(prompt.dropped), llm_call=call_id)
         return Candidate(code, proposer=self.name, language=language_of(code), parent=parent_id, meta=meta)
 
 
-def _entry_families(entry: dict[str, Any]) -> set[str]:
+def _entry_families(entry: Experience) -> set[str]:
     """The op families of an earlier winner's problem, as recorded, else as its meta tells."""
-    meta = entry["meta"]
-    return set(entry.get("families") or ()) | {c["family"] for c in meta.get("configs", [])} | set(
-        meta.get("families", []))
+    meta = entry.meta
+    return set(entry.families) | {c["family"] for c in meta.get("configs", [])} | set(meta.get("families", []))
 
 
 def _families(ctx: ProposalContext) -> list[str]:
@@ -269,4 +266,4 @@ class LLMProposer(PromptedProposer):
         return Reply(c.text, c.model or spec.name, "", c.input_tokens, c.output_tokens, c.cost_usd, c.latency_s)
 
 
-__all__ = ["ExpandConfig", "Expander", "LLMProposer", "PromptedProposer", "Reply"]
+__all__ = ["ExpandConfig", "Expander", "LLMProposer", "PromptedProposer", "Reply", "Step", "fastest_verified"]

@@ -12,11 +12,15 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from kernelevolve.problem import Problem, import_module_from_path
+from kernelevolve.rows import Node
+
+if TYPE_CHECKING:
+    from kernelevolve.profile import Profile
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 STRATEGIES = ("scratch", "improve", "repair", "contrast")
@@ -125,22 +129,21 @@ def describe_inputs(problem: Problem) -> str:
     return "\n".join(lines)
 
 
-def describe_profile(profile: dict[str, Any] | None) -> str:
+def describe_profile(profile: Profile | None) -> str:
     if not profile:
         return "No profile is available."
-    lines = [f"- device: {profile.get('device_name')}; dominant dtype {profile.get('dtype')}",
-             f"- bound: {profile.get('bound')}; {profile.get('flops', 0) / 1e9:.3g} GFLOP, "
-             f"{profile.get('bytes', 0) / 1e6:.4g} MB moved at least",
-             f"- roofline floor {profile.get('floor_ms', 0):.4g} ms; eager reference {profile.get('eager_ms', 0):.4g} ms"]
-    ops = profile.get("top_ops") or []
+    lines = [f"- device: {profile.device_name}; dominant dtype {profile.dtype}",
+             f"- bound: {profile.bound}; {profile.flops / 1e9:.3g} GFLOP, {profile.bytes / 1e6:.4g} MB moved at least",
+             f"- roofline floor {profile.floor_ms:.4g} ms; eager reference {profile.eager_ms:.4g} ms"]
+    ops = profile.top_ops
     if ops:
         lines.append("- dominant kernels of the reference: " + "; ".join(
             f"{op['name'][:70]} {op['pct']:.0f}%" for op in ops[:5]))
     return "\n".join(lines)
 
 
-def _ms(node: dict[str, Any]) -> str:
-    r = node.get("result")
+def _ms(node: Node) -> str:
+    r = node.result
     if r is None:
         return "not evaluated"
     if r.timed and r.runtime_ms is not None:
@@ -148,13 +151,15 @@ def _ms(node: dict[str, Any]) -> str:
     return "verified, untimed" if r.ok else r.status.value
 
 
-def _label(node: dict[str, Any]) -> str:
-    return f"{node.get('proposer')}: {node.get('meta', {}).get('label', node.get('id'))}"
+def _label(node: Node) -> str:
+    return f"{node.proposer}: {node.meta.get('label', node.id)}"
 
 
-def failure_text(node: dict[str, Any], max_chars: int = 3000) -> str:
+def failure_text(node: Node, max_chars: int = 3000) -> str:
     """What the harness said about a failed node: status, reason and the tail of the error or log."""
-    r = node["result"]
+    r = node.result
+    if r is None:
+        raise PromptError(f"node {node.id} has no result to report")
     parts = [f"status: {r.status.value}", f"reason: {r.reason}"]
     if r.error:
         parts.append("details:\n" + r.error[-max_chars:])
@@ -174,7 +179,7 @@ class PromptInputs:
     problem: Problem
     device_name: str
     inputs: str
-    profile: dict[str, Any] | None
+    profile: Profile | None
     knowledge: str = ""
     examples: tuple[dict[str, Any], ...] = ()  # {"label", "result", "source"}: earlier winners on this device
     templates_dir: str | None = None
@@ -186,8 +191,8 @@ def _tolerance(problem: Problem) -> str:
     return "per dtype: about 1e-4 for fp32 (TF32 math fails it unless the problem allows TF32), 1e-2 for bf16/fp16"
 
 
-def build_prompt(strategy: str, pin: PromptInputs, parent: dict[str, Any] | None = None,
-                 siblings: Sequence[dict[str, Any]] = (), best: Sequence[dict[str, Any]] = (),
+def build_prompt(strategy: str, pin: PromptInputs, parent: Node | None = None,
+                 siblings: Sequence[Node] = (), best: Sequence[Node] = (),
                  budget_tokens: int = 12000, hint: str = "") -> Prompt:
     """The system text and the user message for one expansion step."""
     if strategy not in STRATEGIES:
@@ -200,8 +205,8 @@ def build_prompt(strategy: str, pin: PromptInputs, parent: dict[str, Any] | None
     fields = {"device": pin.device_name, "strategy": hint, "tolerance": _tolerance(problem), "mutates": mutates}
     if parent is not None:
         fields.update(parent_label=_label(parent), parent_ms=_ms(parent))
-        if parent.get("result") is not None:
-            fields.update(status=parent["result"].status.value, reason=parent["result"].reason)
+        if parent.result is not None:
+            fields.update(status=parent.result.status.value, reason=parent.result.reason)
     sections = [
         Section("Task", t(strategy).format(**fields), 0),
         Section("Rules", t("rules").format(**fields), 0),
@@ -210,20 +215,20 @@ def build_prompt(strategy: str, pin: PromptInputs, parent: dict[str, Any] | None
     ]
     if parent is not None:
         sections.append(Section(f"Candidate to {'fix' if strategy == 'repair' else 'start from'} ({_label(parent)})",
-                                fenced(parent["source"]), 1))
+                                fenced(parent.source), 1))
     if strategy == "repair":
         sections.append(Section("What the harness reported", failure_text(parent), 0))
     if siblings:
-        tried = [f"- {_label(s)}: {_ms(s)}" + (f" ({s['result'].reason[:160]})" if s.get("result") and not s["result"].ok
-                                               else "") for s in siblings]
+        tried = [f"- {_label(s)}: {_ms(s)}" + (f" ({s.result.reason[:160]})" if s.result and s.failed else "")
+                 for s in siblings]
         sections.append(Section("Attempts already made from this candidate", "\n".join(tried), 1))
     sections.append(Section("Profile of the reference", describe_profile(pin.profile), 2))
-    others = [b for b in best if parent is None or b["id"] != parent["id"]]
+    others = [b for b in best if parent is None or b.id != parent.id]
     if others:
         sections.append(Section("Fastest verified candidates so far", "\n".join(
             f"- {_label(b)}: {_ms(b)}" for b in others[:5]), 2))
         if strategy in ("scratch", "contrast"):
-            sections.append(Section(f"The fastest so far ({_label(others[0])})", fenced(others[0]["source"]), 4))
+            sections.append(Section(f"The fastest so far ({_label(others[0])})", fenced(others[0].source), 4))
     if pin.knowledge:
         sections.append(Section(f"Facts about the target ({pin.device_name}) and useful techniques", pin.knowledge, 3))
     for i, ex in enumerate(pin.examples):

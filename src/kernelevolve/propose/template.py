@@ -15,9 +15,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelevolve.candidate import Candidate
+from kernelevolve.candidate import Candidate, Genome, Meta, RegionConfig, RegionInfo
 from kernelevolve.propose.base import ProposalContext
-from kernelevolve.rows import runtime
+from kernelevolve.rows import fastest_timed
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ class Plan:
     dynamic: dict[int, set[int]] = field(default_factory=dict)
     alt: "Plan | None" = None
 
-    def describe(self) -> list[dict[str, Any]]:
-        return [{"key": r.key, "family": r.match.family, "kind": r.match.kind, "nodes": len(r.match.nodes)}
+    def describe(self) -> list[RegionInfo]:
+        return [RegionInfo(key=r.key, family=r.match.family, kind=r.match.kind, nodes=len(r.match.nodes))
                 for r in self.regions]
 
 
@@ -96,7 +96,7 @@ def plan_problem(problem: Any, device: str) -> Plan:
     return plan
 
 
-def genome_key(genome: dict[str, dict[str, Any]]) -> str:
+def genome_key(genome: Genome) -> str:
     return json.dumps(genome, sort_keys=True, default=str)
 
 
@@ -122,7 +122,7 @@ class TemplateProposer:
 
     # ---- rendering ---------------------------------------------------------------------------------------------
 
-    def render(self, plan: Plan, genome: dict[str, dict[str, Any]], label: str) -> str | None:
+    def render(self, plan: Plan, genome: Genome, label: str) -> str | None:
         from kernelevolve.analyze.pointwise import CodegenError
         from kernelevolve.templates.base import TemplateError
         from kernelevolve.templates.program import assemble
@@ -161,7 +161,7 @@ class TemplateProposer:
 
     # ---- the search --------------------------------------------------------------------------------------------
 
-    def _seeds(self, plan: Plan, ctx: ProposalContext) -> list[tuple[str, dict[str, Any]]]:
+    def _seeds(self, plan: Plan, ctx: ProposalContext) -> list[tuple[str, Genome]]:
         base = {r.key: r.default() for r in plan.regions}
         seeds = [("defaults", base)]
         for family_cfg in _experience(ctx):  # what won before on this device, before the generic prior
@@ -173,7 +173,7 @@ class TemplateProposer:
                     g[r.key] = dict(r.default(), **cfg)
             if g != base:
                 seeds.append(("experience", g))
-        bound = (ctx.profile or {}).get("bound")
+        bound = ctx.profile.bound if ctx.profile else None
         for r in plan.regions:  # the prior: second values of the knobs the bound class cares about first
             for knob in _prior_knobs(bound, r.space):
                 if len(r.space[knob]) > 1:
@@ -181,7 +181,7 @@ class TemplateProposer:
                     seeds.append((f"prior {r.match.kind} {knob}", dict(base, **{r.key: varied})))
         return seeds
 
-    def _mutate(self, plan: Plan, genome: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _mutate(self, plan: Plan, genome: Genome) -> tuple[str, Genome]:
         r = self.rng.choice(plan.regions)
         knob = self.rng.choice(sorted(r.space))
         cfg = dict(r.default(), **genome.get(r.key, {}))
@@ -191,29 +191,27 @@ class TemplateProposer:
         cfg[knob] = self.rng.choice(choices)
         return f"{r.match.kind} {knob}={cfg[knob]}", dict(genome, **{r.key: cfg})
 
-    def _cross(self, plan: Plan, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    def _cross(self, plan: Plan, a: Genome, b: Genome) -> Genome:
         return {r.key: dict((a if self.rng.random() < 0.5 else b).get(r.key, r.default())) for r in plan.regions}
 
     def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
         plan = self.plan(ctx.problem)
         if plan.error or not plan.regions:
             return []
-        mine = [node for node in ctx.history if node["proposer"] == self.name and "genome" in node["meta"]]
-        tried = {genome_key(node["meta"]["genome"]) for node in mine}
-        ranked = sorted((node for node in mine if runtime(node) is not None), key=runtime)
-        verified = [node for node in mine if node.get("result") is not None and node["result"].ok]
-        parents = (ranked or verified)[:PARENTS]
-        pool: list[tuple[str, dict[str, Any], int | None]] = [(lbl, g, None) for lbl, g in self._seeds(plan, ctx)]
+        mine = [node for node in ctx.history if node.proposer == self.name and "genome" in node.meta]
+        tried = {genome_key(node.meta["genome"]) for node in mine}
+        parents = (fastest_timed(mine) or [node for node in mine if node.ok])[:PARENTS]
+        pool: list[tuple[str, Genome, int | None]] = [(lbl, g, None) for lbl, g in self._seeds(plan, ctx)]
         for _ in range(8 * max(n, 1)):
             if parents:
                 p = self.rng.choice(parents)
                 if len(parents) > 1 and self.rng.random() < 0.3:
                     q = self.rng.choice(parents)
-                    label, g = self._mutate(plan, self._cross(plan, p["meta"]["genome"], q["meta"]["genome"]))
-                    pool.append((f"cross+{label}", g, p["id"]))
+                    label, g = self._mutate(plan, self._cross(plan, p.meta["genome"], q.meta["genome"]))
+                    pool.append((f"cross+{label}", g, p.id))
                 else:
-                    label, g = self._mutate(plan, p["meta"]["genome"])
-                    pool.append((label, g, p["id"]))
+                    label, g = self._mutate(plan, p.meta["genome"])
+                    pool.append((label, g, p.id))
             else:
                 label, g = self._mutate(plan, {r.key: r.default() for r in plan.regions})
                 pool.append((label, g, None))
@@ -226,11 +224,10 @@ class TemplateProposer:
             source = self.render(plan, genome, label)
             if source is None:
                 continue
-            configs = [{"family": r.match.family, "kind": r.match.kind, "config": genome[r.key]}
+            configs = [RegionConfig(family=r.match.family, kind=r.match.kind, config=genome[r.key])
                        for r in plan.regions if r.key in genome]
             out.append(Candidate(source, proposer=self.name, language="triton", parent=parent,
-                                 meta={"label": label, "genome": genome, "configs": configs,
-                                       "regions": plan.describe()}))
+                                 meta=Meta(label=label, genome=genome, configs=configs, regions=plan.describe())))
             if len(out) >= n:
                 break
         return out
@@ -254,7 +251,7 @@ def _experience(ctx: ProposalContext) -> list[dict[str, dict[str, Any]]]:
     out = []
     for entry in ctx.experience:
         fam: dict[str, dict[str, Any]] = {}
-        for c in entry["meta"].get("configs", []):
+        for c in entry.meta.get("configs", []):
             fam.setdefault(c["family"], c["config"])
         if fam:
             out.append(fam)

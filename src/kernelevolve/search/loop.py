@@ -10,15 +10,19 @@ import math
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.result import Baseline, Result
 from kernelevolve.problem import Problem
 from kernelevolve.propose.base import ProposalContext, Proposer
+from kernelevolve.rows import Experience, Node
 from kernelevolve.search.select import Selector, best_node
 from kernelevolve.store import Store
+
+if TYPE_CHECKING:
+    from kernelevolve.profile import Profile
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +33,14 @@ MAX_REPEATS = 100
 KNOWN_SEEDS = 3
 
 
-def rank_experience(entries: list[dict[str, Any]], profile: dict[str, Any] | None) -> list[dict[str, Any]]:
+def rank_experience(entries: list[Experience], profile: Profile | None) -> list[Experience]:
     """Earlier winners from problems like this one first: the same dtype, then the nearest size bucket (log2 of the
     bytes the problem moves), then the largest speedup over eager."""
-    dtype, nbytes = (profile or {}).get("dtype"), (profile or {}).get("bytes")
+    dtype, nbytes = (profile.dtype, profile.bytes) if profile else (None, None)
 
-    def key(e: dict[str, Any]) -> tuple[bool, int, float]:
-        size = abs(math.log2(e["bytes"] / nbytes)) if e.get("bytes") and nbytes else 64.0
-        return (not (dtype and e.get("dtype") == dtype), round(size), -(e.get("speedup_eager") or 0.0))
+    def key(e: Experience) -> tuple[bool, int, float]:
+        size = abs(math.log2(e.bytes / nbytes)) if e.bytes and nbytes else 64.0
+        return (not (dtype and e.dtype == dtype), round(size), -(e.speedup_eager or 0.0))
 
     return sorted(entries, key=key)
 
@@ -54,22 +58,24 @@ class SearchConfig:
 class SearchOutcome:
     stop_reason: str
     evaluations: int
-    best: dict[str, Any] | None
+    best: Node | None
     best_why: str
     first_proposal_s: float | None = None  # from the start of the search to the first candidates in hand
 
 
-OnResult = Callable[[dict[str, Any], Result], None]
+OnResult = Callable[[Node, Result], None]
 
 
 class _Loop:
     def __init__(self, store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: Any,
                  proposers: list[Proposer], selector: Selector, cfg: SearchConfig, baseline: Baseline | None,
-                 profile: dict[str, Any] | None, on_result: OnResult | None):
+                 profile: Profile | None, on_result: OnResult | None):
         self.store, self.run_id, self.problem, self.device, self.device_key = store, run_id, problem, device, device_key
         self.pool, self.proposers, self.selector, self.cfg = pool, proposers, selector, cfg
         self.baseline, self.profile, self.on_result = baseline, profile, on_result
+        # The tree lives here: read once (a resumed run's nodes), then kept up to date from what the loop writes.
         self.history = store.nodes(run_id)
+        self.position = {n.id: i for i, n in enumerate(self.history)}
         # Proposers run on one thread of their own; those that record their calls (language models) write through
         # a connection opened on that thread (a sqlite3 connection belongs to the thread that made it).
         self.proposal_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelevolve-propose")
@@ -83,17 +89,16 @@ class _Loop:
             for p in proposers}
         self.evaluated = store.count_evaluated(run_id)
         self.queue: deque[Candidate] = deque()
-        self.in_flight: dict[Future[Result], dict[str, Any]] = {}
+        self.in_flight: dict[Future[Result], Node] = {}
         self.exhausted = False
         self.began = time.monotonic()
         self.start: float | None = None  # the budget's clock: set when the first candidates are in hand
         best, _ = best_node(self.history)
-        self.best_ms = best["result"].runtime_ms if best and best["result"].timed else math.inf
+        self.best_ms = best.runtime_ms if best and best.runtime_ms is not None else math.inf
         self.since_best = 0
         self.repeats = 0
         # Only a floor from datasheet ceilings is a hard limit; measured CPU ceilings are beaten by cache-resident ops.
-        prof = profile or {}
-        self.floor_ms = prof.get("floor_ms") if prof.get("ceilings_source") == "table" else None
+        self.floor_ms = profile.floor_ms if profile and profile.ceilings_source == "table" else None
 
     def stop_reason(self) -> str | None:
         cfg = self.cfg
@@ -125,7 +130,7 @@ class _Loop:
             self.asked_at = (self.recorded, bool(self.in_flight))
             self.proposing = self.proposal_thread.submit(self.propose, list(self.history))
 
-    def propose(self, history: list[dict[str, Any]]) -> list[Candidate]:
+    def propose(self, history: list[Node]) -> list[Candidate]:
         if self.proposal_store is None and any(hasattr(p, "bind") for p in self.proposers):
             self.proposal_store = Store(self.store.path)
             for proposer in self.proposers:
@@ -167,27 +172,32 @@ class _Loop:
                 self.ask()
                 return None
         cand = self.queue.popleft()
-        if any(n["sha"] == cand.sha for n in self.history):
+        if any(n.sha == cand.sha for n in self.history):
             self.repeats += 1  # this run already holds that source
             return self.repeats < MAX_REPEATS
         self.repeats = 0
-        node_id, cached = self.store.add_node(self.run_id, self.problem.sha, self.device_key, cand)
-        self.history = self.store.nodes(self.run_id)
-        node = next(n for n in self.history if n["id"] == node_id)
-        if cached:
-            log.info("node %d: source already evaluated for this problem and device; reusing its result", node_id)
-            self._record(node, node["result"].with_baseline(self.baseline), save=False)
+        node = self.add(cand)
+        if node.result is not None:
+            log.info("node %d: source already evaluated for this problem and device; reusing its result", node.id)
+            self._record(node, node.result.with_baseline(self.baseline), save=False)
             return True
         self.in_flight[self.pool.submit(cand)] = node
         return True
 
-    def _record(self, node: dict[str, Any], result: Result, save: bool = True) -> None:
+    def add(self, cand: Candidate) -> Node:
+        """Store ``cand`` as a node of the run and append it to the tree in memory."""
+        node = self.store.add_node(self.run_id, self.problem.sha, self.device_key, cand)
+        self.position[node.id] = len(self.history)
+        self.history.append(node)
+        return node
+
+    def _record(self, node: Node, result: Result, save: bool = True) -> None:
         self.recorded += 1
         result = result.flag_suspect(self.floor_ms)
         if save:
-            self.store.save_result(node["id"], result)
+            self.store.save_result(node.id, result)
             self.evaluated += 1
-        self.history = self.store.nodes(self.run_id)
+            self.history[self.position[node.id]] = replace(node, result=result)  # as the store now holds it
         if result.ok and result.timed and result.runtime_ms is not None and result.runtime_ms < self.best_ms:
             self.best_ms, self.since_best = result.runtime_ms, 0
         elif save:
@@ -200,22 +210,18 @@ class _Loop:
         baseline stored beside the run, or an earlier run's winners). They cost no evaluation, and the run can then
         never return something slower than what is already known."""
         for known in self.store.fastest_known(self.problem.sha, self.device_key, KNOWN_SEEDS):
-            cand = Candidate(known["source"], proposer=known["proposer"], language=known["language"],
-                             meta=dict(known["meta"], reused=True))
-            node_id, cached = self.store.add_node(self.run_id, self.problem.sha, self.device_key, cand)
-            self.history = self.store.nodes(self.run_id)
-            node = next(n for n in self.history if n["id"] == node_id)
-            if cached and node["result"] is not None:
-                log.info("node %d: reusing a kernel already verified for this problem and device (%.4g ms)", node_id,
-                         known["runtime_ms"])
-                self._record(node, node["result"].with_baseline(self.baseline), save=False)
+            cand = Candidate(known.source, proposer=known.proposer, language=known.language,
+                             meta={**known.meta, "reused": True})
+            node = self.add(cand)
+            if node.result is not None:
+                log.info("node %d: reusing a kernel already verified for this problem and device (%.4g ms)", node.id,
+                         known.runtime_ms)
+                self._record(node, node.result.with_baseline(self.baseline), save=False)
 
     def resume_pending(self) -> None:
         for node in self.history:
-            if node["result"] is None:
-                cand = Candidate(node["source"], proposer=node["proposer"], language=node["language"],
-                                 parent=node["parent"], meta=node["meta"])
-                self.in_flight[self.pool.submit(cand)] = node
+            if node.result is None:
+                self.in_flight[self.pool.submit(node.candidate())] = node
 
     def run(self) -> SearchOutcome:
         try:
@@ -275,7 +281,7 @@ class _Loop:
 
 def run_search(store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: Any,
                proposers: list[Proposer], selector: Selector, cfg: SearchConfig, baseline: Baseline | None,
-               profile: dict[str, Any] | None = None, on_result: OnResult | None = None) -> SearchOutcome:
+               profile: Profile | None = None, on_result: OnResult | None = None) -> SearchOutcome:
     """Search until a stop condition holds. Every result is committed as it arrives, so a killed run resumes."""
     return _Loop(store, run_id, problem, device, device_key, pool, proposers, selector, cfg, baseline, profile,
                  on_result).run()

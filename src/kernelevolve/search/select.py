@@ -1,22 +1,22 @@
 """Selection: which nodes of the search tree to expand next."""
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
-from kernelevolve.rows import runtime
+from kernelevolve.rows import Node, fastest_timed
 
 
 class Selector(Protocol):
-    def select(self, history: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    def select(self, history: list[Node], k: int) -> list[Node]:
         ...
 
 
-def best_node(history: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
+def best_node(history: list[Node]) -> tuple[Node | None, str]:
     """The fastest timed ok node; else the first verified one; with the reason for the choice."""
-    timed = [n for n in history if runtime(n) is not None]
+    timed = fastest_timed(history)
     if timed:
-        return min(timed, key=runtime), "fastest timed candidate"
-    verified = [n for n in history if n.get("result") is not None and n["result"].ok]
+        return timed[0], "fastest timed candidate"
+    verified = [n for n in history if n.ok]
     if verified:
         return verified[0], "best verified candidate (no candidate was timed)"
     return None, "no candidate was verified"
@@ -25,11 +25,8 @@ def best_node(history: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str
 class GreedySelector:
     """Best-first: expand the k fastest verified nodes."""
 
-    def select(self, history: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
-        timed = sorted((n for n in history if runtime(n) is not None), key=runtime)
-        if timed:
-            return timed[:k]
-        return [n for n in history if n.get("result") is not None and n["result"].ok][:k]
+    def select(self, history: list[Node], k: int) -> list[Node]:
+        return (fastest_timed(history) or [n for n in history if n.ok])[:k]
 
 
 SELECTORS = {"greedy": GreedySelector}
