@@ -39,7 +39,7 @@ def test_genuine_candidates_of_several_gb_are_ok(new_evaluator, candidate, large
 
 
 def test_genuine_candidate_of_16_gb_in_and_out_is_ok(new_evaluator, candidate, tmp_path):
-    """KernelBench's sizes: 16 GiB in and 16 GiB out (4G fp32 elements, as in level 1's L2Norm and 2D pooling).
+    """Twice the largest KernelBench level-1 rows (L2Norm, 2D pooling: 8 GiB each way): 16 GiB in and 16 GiB out.
     The harness's own copies (the mutation check, the comparison) stay in chunks, and the parent's references
     find room beside the child's sets or move to the host."""
     path = tmp_path / "problem_16gb.py"

@@ -54,3 +54,35 @@ def test_compilation_error_reason_names_the_error_not_just_the_location():
     assert reason == "CompilationError: at 2:4: 'tl' has no attribute 'no_such_function'"
     reason = _one_line(_compilation_error(None, AttributeError("no attribute 'no_such_function'")))
     assert reason == "CompilationError: at 2:4: AttributeError(\"no attribute 'no_such_function'\")"
+
+
+def test_outputs_kept_in_host_memory_are_never_shared_through_the_device():
+    """A checked copy kept on the host goes by the host path: exporting it would copy its bytes to a temporary,
+    not into the shared block, and take device room the parent's references need."""
+    import torch
+
+    from kernelevolve.evaluate import devshare
+    from kernelevolve.evaluate.worker import Session
+
+    class NoExport:
+        def export(self, tensors):
+            raise AssertionError("host tensors exported through the device")
+
+    session = Session.__new__(Session)
+    session.device, session.job, session.exporter = "cuda", {"share_min_bytes": 0}, NoExport()
+    header, blob = session._pack([torch.arange(6, dtype=torch.float32)])
+    chunks = blob if isinstance(blob, list) else [blob]
+    assert "shared" not in header and sum(len(memoryview(c).cast("B")) for c in chunks) == 24
+    with pytest.raises(devshare.DeviceShareError, match="only device tensors"):
+        devshare.Exporter().export([torch.ones(3)])
+
+
+def test_shared_outputs_leave_room_for_the_parents_references(monkeypatch):
+    """Where a copy would leave less than the reserve free on the device, it goes to host memory."""
+    import torch
+
+    from kernelevolve.evaluate import devshare
+
+    monkeypatch.setattr(devshare, "_free_bytes", lambda device: 1000)
+    out = devshare._room_for(600, torch.device("cuda"), reserve=500)
+    assert out.device.type == "cpu" and out.numel() == 600

@@ -77,6 +77,9 @@ class Exporter:
         self.live: list[int] = []
 
     def export(self, tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
+        for t in tensors:  # a host tensor's bytes would be copied to a temporary, never into the shared block
+            if not t.is_cuda:
+                raise DeviceShareError(f"only device tensors are shared, not one on {t.device}")
         lib, specs = _driver(), []
         try:
             for t in tensors:
@@ -107,9 +110,12 @@ class Exporter:
         self.live.clear()
 
 
-def _room_for(nbytes: int, device: torch.device) -> torch.Tensor:
+def _room_for(nbytes: int, device: torch.device, reserve: int = 0) -> torch.Tensor:
     """Where the parent keeps a shared output: on ``device``, or in host memory when the device has no room left
-    (the comparison then moves it to the reference a chunk at a time)."""
+    for it and ``reserve`` bytes more (what the parent's references still need there; the comparison then moves it
+    to the reference a chunk at a time)."""
+    if reserve and _free_bytes(device) < nbytes + reserve:
+        return torch.empty(nbytes, dtype=torch.uint8)
     try:
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     except torch.OutOfMemoryError:
@@ -120,9 +126,16 @@ def _room_for(nbytes: int, device: torch.device) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
 
-def import_bytes(spec: dict[str, Any], device: torch.device) -> torch.Tensor:
-    """The parent's side: the shared bytes, cloned into a uint8 tensor of the parent's own on ``device``. Raises
-    DeviceShareError for a handle that does not open or an allocation smaller than the header says."""
+def _free_bytes(device: torch.device) -> int:
+    """Free on the device, and what this process's allocator holds unused there."""
+    with torch.cuda.device(device):
+        return int(torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
+
+
+def import_bytes(spec: dict[str, Any], device: torch.device, reserve: int = 0) -> torch.Tensor:
+    """The parent's side: the shared bytes, cloned into a uint8 tensor of the parent's own on ``device`` (in host
+    memory where that would leave less than ``reserve`` bytes free there). Raises DeviceShareError for a handle
+    that does not open or an allocation smaller than the header says."""
     raw = bytes.fromhex(str(spec["handle"]))
     nbytes = int(spec["bytes"])
     if len(raw) != HANDLE_SIZE or nbytes < 0:
@@ -140,7 +153,7 @@ def import_bytes(spec: dict[str, Any], device: torch.device) -> torch.Tensor:
                    "cuMemGetAddressRange")
             if ptr.value + nbytes > base.value + size.value:
                 raise DeviceShareError(f"shared allocation of {size.value} bytes, but the header says {nbytes}")
-            out = _room_for(nbytes, device)
+            out = _room_for(nbytes, device, reserve)
             if nbytes:
                 out.copy_(_as_tensor(ptr.value, nbytes, device))
             torch.cuda.synchronize(device)

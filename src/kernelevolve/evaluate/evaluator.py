@@ -336,7 +336,10 @@ class Evaluator:
 
     def _check_timed_outputs(self, res: dict[str, Any], blob: Buffer, seeds: list[int], gpu: int | None) -> None:
         """Outputs of randomly chosen timed repetitions must be right too: work skipped only while timed is caught."""
-        outs = _load_tensors(res, blob, torch.device(self._ref_device(gpu)))
+        # the references of these repetitions are computed after the outputs arrive: leave them room on the device
+        memory = res.get("memory") if isinstance(res.get("memory"), dict) else {}
+        reserve = _count(memory.get("input_bytes")) + 2 * _count(memory.get("output_bytes"))
+        outs = _load_tensors(res, blob, torch.device(self._ref_device(gpu)), reserve)
         n_sets, at = max(1, int(res["input_sets"])), 0
         for rep, count in res.get("kept", []):
             seed = seeds[int(rep) % n_sets]
@@ -463,11 +466,20 @@ def _device_of(tensors: tuple) -> torch.device:
     return next((t.device for t in tensors if isinstance(t, torch.Tensor)), torch.device("cpu"))
 
 
-def _load_tensors(header: dict[str, Any], blob: Buffer, device: torch.device = torch.device("cpu")
-                  ) -> tuple[torch.Tensor, ...]:
+def _count(value: Any) -> int:
+    """A byte count from a child's header; 0 for anything that is not a count (it only places copies)."""
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _load_tensors(header: dict[str, Any], blob: Buffer, device: torch.device = torch.device("cpu"),
+                  reserve: int = 0) -> tuple[torch.Tensor, ...]:
     """Tensors from a child's raw bytes, rebuilt from the header's dtypes and shapes: nothing is unpickled, so a
     forged payload cannot run code in the parent. The bytes come in ``blob``, or stay on the device and come by
-    handle (``shared``), cloned onto ``device`` with their size checked against the allocation."""
+    handle (``shared``), cloned onto ``device`` with their size checked against the allocation (into host memory
+    where they would leave less than ``reserve`` bytes there)."""
     shared = header.get("shared")
     out, offset = [], 0
     try:
@@ -483,7 +495,7 @@ def _load_tensors(header: dict[str, Any], blob: Buffer, device: torch.device = t
             if shared is not None:
                 if int(shared[k]["bytes"]) != size:
                     raise ValueError("shared output size differs from its shape")
-                flat = devshare.import_bytes(shared[k], device)
+                flat = devshare.import_bytes(shared[k], device, reserve)
             else:
                 chunk = memoryview(blob)[offset:offset + size]
                 if len(chunk) != size:

@@ -422,8 +422,9 @@ class Session:
         handle (devshare), unless the driver refuses, when they take the host path."""
         meta, tensors = _describe(outs)
         min_bytes = self.job.get("share_min_bytes")
-        if self.device == "cuda" and min_bytes is not None and sum(t.numel() * t.element_size()
-                                                                   for t in tensors) >= min_bytes:
+        # only outputs on the device: the copies kept in host memory go by the host path, not back to the device
+        if (self.device == "cuda" and min_bytes is not None and tensors and all(t.is_cuda for t in tensors)
+                and sum(t.numel() * t.element_size() for t in tensors) >= min_bytes):
             try:
                 return {"tensors": meta, "shared": self.exporter.export(tensors)}, b""
             except devshare.DeviceShareError as e:
