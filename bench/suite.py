@@ -136,9 +136,12 @@ def best_found(store: Any, run_id: int) -> dict[str, Any]:
     run = store.run(run_id)
     nodes = store.nodes(run_id)
     best, _ = best_node(nodes)
-    out: dict[str, Any] = {"evals": store.count_evaluated(run_id), "stop_reason": run.stop_reason}
+    out: dict[str, Any] = {"evals": store.count_evaluated(run_id), "screened": store.count_screened(run_id),
+                           "stop_reason": run.stop_reason}
     out["candidates"] = [{"proposer": n.proposer, "label": n.label, "cached": n.cached,
-                          "status": n.result.status.value if n.result else "pending",
+                          "status": n.result.status.value if n.result else (
+                              "screened out" if n.screened_out else "pending"),
+                          "screen_ms": n.screen.ms if n.screen else None,
                           "ms": n.result.runtime_ms if n.result and n.result.timed else None,
                           "reason": (n.result.reason or "")[:160] if n.result else ""}
                          for n in nodes]
@@ -270,7 +273,7 @@ def progress_line(row: dict[str, Any]) -> str:
     if row.get("error"):
         return f"error: {row['error'][:200]}"
     return (f"{row['status']}, {_fmt_ms(row.get('kernelevolve_ms'))} ms, {_fmt_x(row.get('speedup_best_baseline'))} "
-            f"vs best baseline, {row.get('evals')} evals, {row['wall_s']} s")
+            f"vs best baseline, {row.get('evals')} evals, {row.get('screened', 0)} screened, {row['wall_s']} s")
 
 
 def run_sharded(paths: list[Path], cfg: SuiteConfig, gpus: int, argv: list[str]) -> list[dict[str, Any]]:
@@ -341,7 +344,7 @@ def print_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
         console.width = 160  # rich's default of 80 columns would cut the names in a log file
     table = Table(title="kernelevolve suite (times in ms; x: speedup of the kernelevolve kernel)")
     for col in ("problem", "dtype", "eager", "compile", "max-at", "kevolve", "x best", "x compile", "%floor",
-                "t-best s", "by"):
+                "t-best s", "judged", "screened", "by"):
         table.add_column(col, justify="left" if col in ("problem", "dtype", "by") else "right", no_wrap=True)
     for r in rows:
         if r.get("error"):
@@ -352,7 +355,8 @@ def print_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
                       DTYPES.get(r.get("dtype"), str(r.get("dtype") or "—")),
                       *(_fmt_ms(r.get(f"{k}_ms")) for k in ("eager", "compile", "max_autotune", "kernelevolve")),
                       _fmt_x(r.get("speedup_best_baseline")), _fmt_x(r.get("speedup_compile")),
-                      _pct(r.get("floor_fraction")), "—" if t_best is None else f"{t_best:.0f}", by)
+                      _pct(r.get("floor_fraction")), "—" if t_best is None else f"{t_best:.0f}",
+                      str(r.get("evals", "—")), str(r.get("screened", "—")), by)
     console.print(table)
     s = summary
     console.print(f"verified {s['verified']}/{s['problems']}, errors {s['errors']}, suspect {s['suspect']}; geomean "

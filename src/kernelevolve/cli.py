@@ -71,8 +71,13 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             progress.console.print(line, markup=False)
             progress.update(task, status=" ".join(f"{k}:{v}" for k, v in sorted(counts.items())))
 
+        def on_screen(screened: int, sent: int) -> None:
+            counts["screened"] = counts.get("screened", 0) + screened
+            progress.console.print(f"screened {screened} candidate(s); {sent} sent on to the judge", markup=False)
+            progress.update(task, status=" ".join(f"{k}:{v}" for k, v in sorted(counts.items())))
+
         outcome = optimize(args.problem, cfg, store, Path(args.out), resume=args.resume, on_result=on_result,
-                           on_stage=on_stage)
+                           on_stage=on_stage, on_screen=on_screen)
     _print_usage(console, store, outcome.run_id)
     _print_outcome(console, outcome, args.db)
     return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
@@ -88,7 +93,14 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
                          max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
                          stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
                          timing_budget_ms=args.timing_budget_ms, proposer_options=_proposer_options(args),
-                         executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries)
+                         executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries,
+                         screen_batch=args.screen_batch, finalists=args.finalists,
+                         max_screened=args.max_screened or None, screen_timeout_s=args.screen_timeout,
+                         screen_share=args.screen_share)
+    if cfg.finalists < 1 or (args.screen_batch is not None and args.screen_batch < 0) or args.max_screened < 0:
+        raise UsageError("--finalists takes a positive count, --screen-batch and --max-screened 0 or more")
+    if not 0 < cfg.screen_share <= 1 or cfg.screen_timeout_s <= 0:
+        raise UsageError("--screen-share takes a fraction in (0, 1], --screen-timeout a positive number of seconds")
     if cfg.executor == "ray" and not cfg.ray_address:
         raise UsageError("--executor ray needs --ray-address ADDR (host:port of the cluster's head, or 'auto')")
     make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)  # fail on a bad name before any work
@@ -330,9 +342,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     from kernelevolve.store import Store
 
-    table = Table("run", "problem", "device", "status", "nodes", "created", "stopped because")
-    for r in Store(args.db).runs():
-        table.add_row(str(r.id), r.name, r.device_key, r.status, str(r.n_nodes), r.created, r.stop_reason or "")
+    runs = Store(args.db).runs()
+    if args.json:
+        print(json.dumps([{"id": r.id, "problem": r.name, "problem_sha": r.problem_sha, "device": r.device,
+                           "device_key": r.device_key, "status": r.status, "created": r.created,
+                           "finished": r.finished, "stop_reason": r.stop_reason, "nodes": r.n_nodes,
+                           "screened": r.screened, "evaluated": r.evaluated} for r in runs], indent=1))
+        return EXIT_OK
+    table = Table("run", "problem", "device", "status", "nodes", "screened", "judged", "created", "stopped because")
+    for r in runs:
+        table.add_row(str(r.id), r.name, r.device_key, r.status, str(r.n_nodes), str(r.screened), str(r.evaluated),
+                      r.created, r.stop_reason or "")
     _console().print(table)
     return EXIT_OK
 
@@ -345,13 +365,19 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     view = report_view(Store(args.db), args.run)
     run = view["run"]
+    sc = view.get("screen")
     tree = Tree(f"run {run['id']} · {view['problem']['name']} · {run['device']} · {run['status']}"
-                + (f" · {run['stop_reason']}" if run.get("stop_reason") else ""))
+                + (f" · {run['stop_reason']}" if run.get("stop_reason") else "")
+                + (f" · screened {sc['screened']}, {sc['finalists']} sent on to the judge"
+                   + (f", screen times {_fmt_ms(sc['ms']['min'])} to {_fmt_ms(sc['ms']['max'])} "
+                      f"(median {_fmt_ms(sc['ms']['median'])})" if sc.get("ms") else "") if sc else ""))
     branches: dict[Any, Any] = {}
     best = view["best"]["node"] if view["best"] else None
     for n in view["nodes"]:
         what = (n.get("meta") or {}).get("label")
-        label = (f"#{n['id']} {n['proposer']}{f' ({what})' if what else ''} {n['status']} {_fmt_ms(n['runtime_ms'])} "
+        screen = (f" (screen {n['screen_status']} {_fmt_ms(n['screen_ms'])})" if n.get("screen_status") else "")
+        label = (f"#{n['id']} {n['proposer']}{f' ({what})' if what else ''}{screen} {n['status']} "
+                 f"{_fmt_ms(n['runtime_ms'])} "
                  f"{_fmt_x(n['speedup_eager'])} vs eager {_fmt_x(n['speedup_compile'])} vs compile"
                  f"{' (cached)' if n['cached'] else ''}{' ← best' if n['id'] == best else ''}  {n['reason'][:60]}")
         parent = branches.get(n["parent"], tree)
@@ -483,6 +509,15 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")
     p.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time per candidate")
+    sc = p.add_argument_group("the screen: many candidates checked once and timed briefly, the fastest judged")
+    sc.add_argument("--screen-batch", type=int, metavar="N",
+                    help="candidates per screen batch (default: 32 on CUDA, 0 on the CPU; 0: judge every candidate)")
+    sc.add_argument("--finalists", type=int, default=2, help="the fastest of each batch sent on to the judge")
+    sc.add_argument("--max-screened", type=int, default=480,
+                    help="screened candidates per run; past it candidates are judged directly (0: no limit)")
+    sc.add_argument("--screen-timeout", type=float, default=120.0, help="hard limit per candidate in the screen, s")
+    sc.add_argument("--screen-share", type=float, default=0.6,
+                    help="the most of --time-budget spent screening (default 0.6); past it candidates are judged")
     g = p.add_argument_group("language models (--proposer llm) and prompts (llm, manual)")
     g.add_argument("--llm-model", metavar="NAME[=W],...", help="model names, with optional sampling weights")
     g.add_argument("--llm-base-url", metavar="URL", help="an OpenAI-compatible server (vLLM, SGLang, Ollama, ...)")
@@ -569,6 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("runs", help="list runs in the store")
     r.add_argument("--db", default=DEFAULT_DB)
+    r.add_argument("--json", action="store_true", help="one JSON list, with each run's screened and evaluated counts")
     r.set_defaults(func=cmd_runs)
 
     s = sub.add_parser("show", help="print a run's search tree")

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from kernelevolve.engine import make_pool
 from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, TimingConfig
+from kernelevolve.evaluate.screen import ScreenConfig
 from kernelevolve.problem import Problem, ProblemError, load_problem
 from kernelevolve.profile import Profile, ProfileError, profile_problem
 from kernelevolve.propose import make_proposers
@@ -20,6 +21,10 @@ from kernelevolve.search import SearchConfig, SearchOutcome, make_selector, run_
 from kernelevolve.store import Store, StoreError, now
 
 log = logging.getLogger(__name__)
+
+
+# Candidates per screen batch by default on a GPU: a template family's neighbourhood of the best config, in one batch.
+SCREEN_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,23 @@ class OptimizeConfig:
     executor: str = "local"  # "local" (engine/local.py) or "ray" (engine/ray.py)
     ray_address: str | None = None
     ray_retries: int = 2
+    # The screen: batches of this many candidates checked once and timed briefly, the fastest ``finalists`` of each
+    # then judged. None: on for CUDA (SCREEN_BATCH), off on the CPU, where Triton runs interpreted and untimed and
+    # the screen cannot rank; 0: off.
+    screen_batch: int | None = None
+    finalists: int = 2
+    max_screened: int | None = 480
+    screen_timeout_s: float = 120.0
+    screen_share: float = 0.6  # of time_budget_s, at most, spent screening
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def screen_size(self) -> int:
+        """Candidates per screen batch, 0 when the screen is off."""
+        if self.screen_batch is not None:
+            return max(0, self.screen_batch)
+        return SCREEN_BATCH if self.device == "cuda" else 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "OptimizeConfig":
@@ -71,7 +90,8 @@ def make_evaluator(problem: Problem, cfg: OptimizeConfig, workdir: Path | None =
 def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_dir: Path, resume: int | str | None = None,
              on_result: Callable[[Node, Result], None] | None = None,
              on_stage: Callable[[str], None] = lambda s: None,
-             on_run: Callable[[int], None] = lambda run_id: None) -> RunOutcome:
+             on_run: Callable[[int], None] = lambda run_id: None,
+             on_screen: Callable[[int, int], None] | None = None) -> RunOutcome:
     """Run (or resume) an optimization. Raises ProblemError for a bad problem file, StoreError for a bad run id.
     ``on_run`` gets the run's id as soon as the run exists in the store (created, or taken up again)."""
     if resume is not None:
@@ -84,25 +104,25 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
         run_id = run.id
         store.update_run(run_id, status="running")
         pool = make_pool(make_evaluator(problem, cfg, out_dir / ".work" / f"run{run_id}"), cfg.workers, cfg.executor,
-                         cfg.ray_address, cfg.ray_retries)
+                         cfg.ray_address, cfg.ray_retries, _screen_config(cfg))
     else:
         problem = load_problem(problem_path, here(cfg.device, cfg.executor))
         make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)  # fails before a run is recorded
         (out_dir / ".work").mkdir(parents=True, exist_ok=True)
         pool = make_pool(make_evaluator(problem, cfg, tempfile.mkdtemp(prefix="run-", dir=out_dir / ".work")),
-                         cfg.workers, cfg.executor, cfg.ray_address, cfg.ray_retries)
+                         cfg.workers, cfg.executor, cfg.ray_address, cfg.ray_retries, _screen_config(cfg))
         run_id = store.create_run(problem, cfg.device, pool.device_key(), cfg.to_dict(), versions())
         run = store.run(run_id)
     on_run(run.id)
     try:
-        return _optimize(problem, cfg, store, out_dir, run, pool, on_result, on_stage)
+        return _optimize(problem, cfg, store, out_dir, run, pool, on_result, on_stage, on_screen)
     finally:
         pool.shutdown(wait=False)
 
 
 def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path, run: Run, pool: Any,
               on_result: Callable[[Node, Result], None] | None,
-              on_stage: Callable[[str], None]) -> RunOutcome:
+              on_stage: Callable[[str], None], on_screen: Callable[[int, int], None] | None = None) -> RunOutcome:
     run_id = run.id
     proposers = make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)
     phases = dict(run.phases)  # seconds; a resumed run keeps its earlier profile and baseline times
@@ -129,8 +149,10 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     try:
         outcome = run_search(store, run_id, problem, cfg.device, run.device_key, pool,
                              proposers, make_selector(cfg.selector),
-                             SearchConfig(cfg.max_evals, cfg.time_budget_s, cfg.target_speedup, cfg.stall), baseline,
-                             profile, on_result)
+                             SearchConfig(cfg.max_evals, cfg.time_budget_s, cfg.target_speedup, cfg.stall,
+                                          screen_batch=cfg.screen_size(), finalists=cfg.finalists,
+                                          max_screened=cfg.max_screened, screen_share=cfg.screen_share), baseline,
+                             profile, on_result, on_screen)
     except KeyboardInterrupt:
         store.update_run(run_id, status="interrupted", stop_reason="interrupted; resume with --resume")
         pool.shutdown(wait=False)
@@ -144,6 +166,10 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     best = outcome.best.result.with_baseline(baseline) if outcome.best and outcome.best.result else None
     files, why = write_outputs(store, run_id, out_dir)
     return RunOutcome(run_id, outcome, baseline, best, files, why, phases)
+
+
+def _screen_config(cfg: OptimizeConfig) -> ScreenConfig:
+    return ScreenConfig(timeout_s=cfg.screen_timeout_s)
 
 
 def _profile(problem: Problem, device: str) -> Profile | None:

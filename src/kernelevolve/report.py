@@ -4,6 +4,8 @@ offline)."""
 from __future__ import annotations
 
 import html
+import math
+import statistics
 import json
 from collections import Counter
 from dataclasses import asdict
@@ -125,6 +127,24 @@ def _summary(nodes: list[dict]) -> str:
     for status, count in sorted(Counter(n.get("status") or "unknown" for n in nodes).items()):
         cards.append(_card(str(count), status))
     return f'<h2>Summary</h2><div class="cards">{"".join(cards)}</div>'
+
+
+def _screen(sc: dict | None) -> str:
+    """The screen's counts, its time distribution and its agreement with the judge."""
+    if not sc:
+        return ""
+    pairs = [("screened", str(sc["screened"])), ("sent on to the judge", str(sc["finalists"])),
+             ("outcomes", ", ".join(f"{v} {k}" for k, v in sorted(sc["statuses"].items())))]
+    ms = sc.get("ms")
+    if ms:
+        pairs.append((f"screen time over {ms['timed']} timed",
+                      " · ".join(f"{k} {_num(ms[k], suffix=' ms')}" for k in ("min", "p10", "median", "p90", "max"))))
+    agree = sc.get("agreement")
+    if agree:
+        pairs.append((f"judge against screen ({agree['pairs']} judged)",
+                      f"median ratio {_num(agree.get('median_judge_over_screen'), '.3g')}, rank correlation "
+                      f"{_num(agree.get('spearman'), '.2f')}"))
+    return f"<h2>Screen</h2>{_kv(pairs)}"
 
 
 def _baseline(base: dict | None) -> str:
@@ -280,7 +300,8 @@ def render_report(view: dict) -> str:
     problem, run = view.get("problem") or {}, view.get("run") or {}
     baseline = view.get("baseline") or {}
     title = f"{problem.get('name') or 'problem'}: run {run.get('id')}"
-    body = [_header(view), _summary(nodes), _baseline(view.get("baseline")), _llm(view.get("llm_usage")),
+    body = [_header(view), _summary(nodes), _screen(view.get("screen")), _baseline(view.get("baseline")),
+            _llm(view.get("llm_usage")),
             _profile(view.get("profile")),
             _chart(nodes, baseline.get("eager_ms")), _best(view.get("best")), _approvals(view.get("approvals")),
             _nodes(nodes),
@@ -319,9 +340,58 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
         "best": _best_view(best, why, baseline, problem.source, history, run.stop_reason),
         "phases": run.phases,
         "nodes": nodes,
+        "screen": screen_summary(history),
         "llm_usage": store.llm_usage(run.id),
         "approvals": [asdict(a) for a in store.approvals(run.id)],
     }
+
+
+def screen_summary(history: Sequence[Node]) -> dict[str, Any] | None:
+    """How many the screen checked and sent on, the distribution of its times, and how its times agree with the
+    judge's on the nodes both timed (the median ratio of judge to screen, and Spearman's rank correlation)."""
+    screened = [n for n in history if n.screen is not None]
+    if not screened:
+        return None
+    times = sorted(n.screen.ms for n in screened if n.screen.ms is not None)
+    both = [(n.screen.ms, n.runtime_ms) for n in screened if n.screen.ms is not None and n.runtime_ms is not None]
+    statuses = Counter(n.screen.status.value for n in screened)
+    out: dict[str, Any] = {"screened": len(screened), "finalists": sum(n.finalist for n in screened),
+                           "judged": sum(n.result is not None for n in screened), "statuses": dict(statuses),
+                           "ms": None, "agreement": None}
+    if times:
+        out["ms"] = {"min": times[0], "p10": _quantile(times, 0.1), "median": statistics.median(times),
+                     "p90": _quantile(times, 0.9), "max": times[-1], "timed": len(times)}
+    if both:
+        ratios = [j / sc for sc, j in both if sc > 0]
+        out["agreement"] = {"pairs": len(both), "median_judge_over_screen": statistics.median(ratios) if ratios
+                            else None, "spearman": _spearman(both) if len(both) >= 3 else None}
+    return out
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def _spearman(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None when either side has no spread."""
+    def ranks(values: Sequence[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    a, b = ranks([p[0] for p in pairs]), ranks([p[1] for p in pairs])
+    ma, mb = statistics.mean(a), statistics.mean(b)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+    var = math.sqrt(sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b))
+    return cov / var if var else None
 
 
 REFERENCE_CANDIDATE = '''"""The reference itself: {why}."""
@@ -368,8 +438,12 @@ def _best_view(best: Node | None, why: str, baseline: Baseline | None, source: s
 
 def _node_view(node: Node, baseline: Baseline | None) -> dict[str, Any]:
     r = node.result.with_baseline(baseline) if node.result else None
+    sc = node.screen
+    status = r.status.value if r else ("screened out" if node.screened_out else "pending")
     return {"id": node.id, "parent": node.parent, "proposer": node.proposer, "language": node.language,
-            "sha": node.sha, "status": r.status.value if r else "pending", "reason": _reason(r),
+            "sha": node.sha, "status": status, "reason": _reason(r) or (f"screen: {sc.reason}" if sc else ""),
+            "screen_status": sc.status.value if sc else None, "screen_ms": sc.ms if sc else None,
+            "finalist": node.finalist,
             "runtime_ms": r.runtime_ms if r else None, "timed": bool(r and r.timed),
             "speedup_eager": r.speedup_eager if r else None, "speedup_compile": r.speedup_compile if r else None,
             "compile_s": r.compile_s if r else None, "load_s": r.load_s if r else None,

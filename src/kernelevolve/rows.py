@@ -7,7 +7,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Sequence
 
 from kernelevolve.candidate import Candidate, Meta
-from kernelevolve.evaluate.result import Baseline, Result
+from kernelevolve.evaluate.result import Baseline, Result, ScreenResult
 
 if TYPE_CHECKING:  # profile.py sits above this module (it runs the reference); only its type is needed here
     from kernelevolve.profile import Profile
@@ -28,7 +28,14 @@ class Node:
     sha: str
     source: str
     language: str
-    result: Result | None  # None while pending
+    result: Result | None  # None while pending, or when the screen did not send it on to the judge
+    screen: ScreenResult | None = None  # what the screen found, where it screened this node
+    finalist: bool = False  # the screen sent it on to the judge
+
+    @property
+    def screened_out(self) -> bool:
+        """Screened, not sent on to the judge, and never judged: done with, not pending."""
+        return self.screen is not None and not self.finalist and self.result is None
 
     @property
     def ok(self) -> bool:
@@ -91,6 +98,8 @@ class RunSummary:
     finished: str | None
     stop_reason: str | None
     n_nodes: int
+    screened: int = 0  # nodes the screen checked
+    evaluated: int = 0  # nodes the judge evaluated (results reused from earlier runs not counted)
 
 
 @dataclass(frozen=True)

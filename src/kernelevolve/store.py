@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate.result import Baseline, Result
+from kernelevolve.evaluate.result import Baseline, Result, ScreenResult
 from kernelevolve.problem import Problem
 from kernelevolve.profile import Profile
 from kernelevolve.rows import Approval, Experience, KnownKernel, Node, Run, RunSummary, StoredProblem
@@ -33,6 +33,9 @@ CREATE TABLE IF NOT EXISTS nodes (
     candidate_id INTEGER NOT NULL REFERENCES candidates(id), parent INTEGER REFERENCES nodes(id),
     proposer TEXT NOT NULL, meta TEXT NOT NULL, cached INTEGER NOT NULL DEFAULT 0, created TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS nodes_run ON nodes(run_id);
+CREATE TABLE IF NOT EXISTS screens (
+    node_id INTEGER PRIMARY KEY REFERENCES nodes(id), status TEXT NOT NULL, reason TEXT NOT NULL, ms REAL,
+    data TEXT NOT NULL, finalist INTEGER NOT NULL DEFAULT 0, created TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS llm_calls (
     id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), proposer TEXT NOT NULL,
     model TEXT NOT NULL, strategy TEXT NOT NULL, parent INTEGER, status TEXT NOT NULL, detail TEXT NOT NULL,
@@ -56,6 +59,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     created TEXT NOT NULL, started TEXT, finished TEXT);
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status, priority, id);
 """
+# screens: what the screen found for a node (a ScreenResult as data); finalist is 1 once the node was sent on to the
+# judge. A screen row never makes a node ok: only a results row does.
 # jobs.status: queued, running, finished, failed or cancelled. device is what the job asked for (NULL: whatever the
 # serving machine has); heartbeat is Unix seconds, renewed by the owner ("host:pid") every lease_s / 3 while it runs.
 # requeued_from names the job whose problem and config a re-queued job repeats, and note says why it was queued.
@@ -155,7 +160,10 @@ class Store:
     def runs(self) -> list[RunSummary]:
         rows = self.db.execute(
             "SELECT r.id, p.name, r.problem_sha, r.device, r.device_key, r.status, r.created, r.finished, "
-            "r.stop_reason, (SELECT COUNT(*) FROM nodes n WHERE n.run_id = r.id) AS n_nodes "
+            "r.stop_reason, (SELECT COUNT(*) FROM nodes n WHERE n.run_id = r.id) AS n_nodes, "
+            "(SELECT COUNT(*) FROM nodes n JOIN screens s ON s.node_id = n.id WHERE n.run_id = r.id) AS screened, "
+            "(SELECT COUNT(*) FROM nodes n JOIN results x ON x.candidate_id = n.candidate_id "
+            "WHERE n.run_id = r.id AND n.cached = 0) AS evaluated "
             "FROM runs r JOIN problems p ON p.sha = r.problem_sha ORDER BY r.id").fetchall()
         return [RunSummary(**row) for row in rows]
 
@@ -196,12 +204,24 @@ class Store:
         """Every node of a run in creation order, joined with its candidate and result (None when pending)."""
         rows = self.db.execute(
             "SELECT n.id, n.run_id, n.parent, n.proposer, n.meta, n.cached, n.created, c.id AS candidate_id, c.sha, "
-            "c.source, c.language, r.data FROM nodes n JOIN candidates c ON c.id = n.candidate_id "
-            "LEFT JOIN results r ON r.candidate_id = c.id WHERE n.run_id = ? ORDER BY n.id", (run_id,)).fetchall()
+            "c.source, c.language, r.data, s.data AS screen, s.finalist FROM nodes n "
+            "JOIN candidates c ON c.id = n.candidate_id LEFT JOIN results r ON r.candidate_id = c.id "
+            "LEFT JOIN screens s ON s.node_id = n.id WHERE n.run_id = ? ORDER BY n.id", (run_id,)).fetchall()
         return [Node(id=row["id"], run_id=row["run_id"], parent=row["parent"], proposer=row["proposer"],
                      meta=json.loads(row["meta"]), cached=bool(row["cached"]), created=row["created"],
                      candidate_id=row["candidate_id"], sha=row["sha"], source=row["source"], language=row["language"],
-                     result=_result(row["data"]) if row["data"] else None) for row in rows]
+                     result=_result(row["data"]) if row["data"] else None,
+                     screen=ScreenResult.from_dict(json.loads(row["screen"])) if row["screen"] else None,
+                     finalist=bool(row["finalist"])) for row in rows]
+
+    def save_screen(self, node_id: int, screen: ScreenResult, finalist: bool = False) -> None:
+        self._write("INSERT OR REPLACE INTO screens VALUES (?,?,?,?,?,?,?)",
+                    (node_id, screen.status.value, screen.reason, screen.ms, json.dumps(screen.to_dict()),
+                     int(finalist), now()))
+
+    def count_screened(self, run_id: int) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM nodes n JOIN screens s ON s.node_id = n.id WHERE n.run_id = ?",
+                               (run_id,)).fetchone()[0]
 
     # --- experience across runs ------------------------------------------------------------------------------
     def record_experience(self, run_id: int) -> int:

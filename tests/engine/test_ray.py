@@ -218,6 +218,21 @@ def test_worker_killed_mid_task(head, problem_file, tmp_path, retries):
         assert result.details["ray"]["pid"] != worker  # the second attempt, in another worker process
 
 
+def test_a_screen_batch_runs_as_one_task(head, problem_file, tmp_path):
+    """The screen on a Ray worker: the batch's right, wrong and crashing candidates come back each with its own
+    outcome, in their order."""
+    right = "import torch, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n" \
+            "        return torch.relu(x) * 2.0\n"
+    wrong = right.replace("* 2.0", "* 3.0")
+    crash = right.replace("        return", "        import os; os._exit(3)\n        return")
+    pool = RayPool(_evaluator(problem_file, tmp_path), 1, address=head)
+    try:
+        results = pool.screen([Candidate(right), Candidate(wrong), Candidate(crash)]).result(timeout=240)
+    finally:
+        pool.shutdown()
+    assert [r.status for r in results] == [Status.OK, Status.INCORRECT, Status.CRASHED], results
+
+
 @needs_proc
 def test_deadline_cancels_a_stuck_task(head, problem_file, tmp_path):
     """A worker that stops answering (here SIGSTOPped) is cancelled past the evaluator's timeout plus the margin."""

@@ -2,9 +2,6 @@
 when a fix lands the test passes, strict xfail turns that into a failure, and the marker must be removed."""
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
 from kernelevolve.evaluate import Status

@@ -2,6 +2,8 @@
 
 - ``workers``: how many evaluations it runs at once;
 - ``submit(candidate) -> Future[Result]``: evaluate one candidate in a fresh process, under the harness's rules;
+- ``screen(candidates) -> Future[list[ScreenResult]]``: check a batch once and time it briefly (evaluate/screen.py);
+  it ranks candidates for ``submit`` and never verifies one;
 - ``baseline(compiled=True) -> Baseline``: time the reference where the candidates run;
 - ``device_key() -> str``: the device model that timings are comparable across;
 - ``shutdown(wait=True)``.
@@ -15,6 +17,7 @@ from typing import Any
 
 from kernelevolve.engine.local import LocalPool, default_workers
 from kernelevolve.evaluate import Evaluator
+from kernelevolve.evaluate.screen import ScreenConfig
 
 EXECUTORS = ("local", "ray")
 
@@ -24,13 +27,13 @@ class ExecutorError(Exception):
 
 
 def make_pool(evaluator: Evaluator, workers: int | None = None, executor: str = "local",
-              ray_address: str | None = None, ray_retries: int = 2) -> Any:
+              ray_address: str | None = None, ray_retries: int = 2, screen: ScreenConfig | None = None) -> Any:
     if executor == "local":
-        return LocalPool(evaluator, workers or default_workers(evaluator.config.device))
+        return LocalPool(evaluator, workers or default_workers(evaluator.config.device), screen)
     if executor == "ray":
         from kernelevolve.engine.ray import RayPool
 
-        return RayPool(evaluator, workers, address=ray_address, retries=ray_retries)
+        return RayPool(evaluator, workers, address=ray_address, retries=ray_retries, screen=screen)
     raise ExecutorError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
 
 

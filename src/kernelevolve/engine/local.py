@@ -7,6 +7,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate import Baseline, Evaluator, Result
+from kernelevolve.evaluate.result import ScreenResult
+from kernelevolve.evaluate.screen import ScreenConfig, Screener
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +38,9 @@ def gpu_slots(device: str, workers: int) -> list[int | None]:
 class LocalPool:
     """Runs ``Evaluator.evaluate`` on worker threads; each evaluation is its own child process."""
 
-    def __init__(self, evaluator: Evaluator, workers: int):
+    def __init__(self, evaluator: Evaluator, workers: int, screen: ScreenConfig | None = None):
         self.evaluator = evaluator
+        self.screener = Screener(evaluator, screen)
         self.workers = workers
         self._slots: queue.Queue[int | None] = queue.Queue()
         for gpu in gpu_slots(evaluator.config.device, workers):
@@ -54,6 +57,17 @@ class LocalPool:
 
     def submit(self, candidate: Candidate) -> Future[Result]:
         return self._pool.submit(self._run, candidate)
+
+    def screen(self, candidates: list[Candidate]) -> Future[list[ScreenResult]]:
+        """Screen a batch on one worker's GPU (it holds that slot until the batch is done)."""
+        return self._pool.submit(self._screen, candidates)
+
+    def _screen(self, candidates: list[Candidate]) -> list[ScreenResult]:
+        gpu = self._slots.get()
+        try:
+            return self.screener.screen(candidates, gpu=gpu)
+        finally:
+            self._slots.put(gpu)
 
     def _run(self, candidate: Candidate) -> Result:
         gpu = self._slots.get()

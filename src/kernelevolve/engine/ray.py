@@ -28,6 +28,8 @@ import kernelevolve
 from kernelevolve.candidate import Candidate
 from kernelevolve.engine import ExecutorError
 from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, Status, TimingConfig
+from kernelevolve.evaluate.result import ScreenResult
+from kernelevolve.evaluate.screen import ScreenConfig
 from kernelevolve.evaluate.process import pid_alive
 from kernelevolve.problem import Problem
 
@@ -233,6 +235,20 @@ def _evaluate_task(problem: dict[str, Any], config: dict[str, Any], source: str,
     return json.dumps(result.to_dict(), default=str)
 
 
+def _screen_task(problem: dict[str, Any], config: dict[str, Any], screen: dict[str, Any],
+                 candidates: list[tuple[str, str]], gpu: int | None) -> str:
+    from kernelevolve.evaluate.screen import Screener
+
+    cfg = ScreenConfig(**dict(screen, timing=TimingConfig(**screen["timing"])))
+    try:
+        results = Screener(_worker_evaluator(problem, config), cfg).screen(
+            [Candidate(source, language=language) for source, language in candidates], gpu=gpu)
+    finally:
+        if config["device"] == "cuda":
+            _release()
+    return json.dumps([r.to_dict() for r in results])
+
+
 def _baseline_task(problem: dict[str, Any], config: dict[str, Any], compiled: bool, gpu: int | None) -> str:
     try:
         return _worker_evaluator(problem, config).baseline(gpu=gpu, compiled=compiled).to_json()
@@ -276,10 +292,11 @@ class RayPool:
     for cuda, ``num_cpus=1`` for cpu) that evaluates the candidate on a node, in a fresh child process there."""
 
     def __init__(self, evaluator: Evaluator, workers: int | None = None, address: str | None = None,
-                 retries: int = 2, margin_s: float = DEADLINE_MARGIN_S):
+                 retries: int = 2, margin_s: float = DEADLINE_MARGIN_S, screen: ScreenConfig | None = None):
         if retries < 0:
             raise ExecutorError(f"--ray-retries must be 0 or more, not {retries}")
         self.evaluator, self.address, self.retries, self.margin_s = evaluator, address, retries, margin_s
+        self.screen_config = screen or ScreenConfig()
         self.device = evaluator.config.device
         self._ray = _import_ray()
         self._owns_ray = connect(address)
@@ -318,7 +335,8 @@ class RayPool:
         # one would hold CUDA state, and a fork server, bound to the GPU of its first task.
         resources = {"num_gpus": 1, "max_calls": 1} if self.device == "cuda" else {"num_cpus": 1}
         remote = self._ray.remote(**resources)
-        return {"evaluate": remote(_evaluate_task), "baseline": remote(_baseline_task), "probe": remote(_probe_task)}
+        return {"evaluate": remote(_evaluate_task), "baseline": remote(_baseline_task), "probe": remote(_probe_task),
+                "screen": remote(_screen_task)}
 
     def _start(self, name: str, *args: Any) -> Any:
         options: dict[str, Any] = {"max_retries": self.retries, "retry_exceptions": False}
@@ -398,6 +416,27 @@ class RayPool:
             self._futures.add(future)
         future.add_done_callback(self._forget)
         return future
+
+    def screen(self, candidates: list[Candidate]) -> Future[list[ScreenResult]]:
+        """Screen a batch as one task on a cluster node. A batch lost with its node, or past its deadline (the
+        screen's timeout for every candidate in both stages), comes back as that failure for each candidate."""
+        future = self._pool.submit(self._screen, candidates)
+        with self._lock:
+            self._futures.add(future)
+        future.add_done_callback(self._forget)
+        return future
+
+    def _screen(self, candidates: list[Candidate]) -> list[ScreenResult]:
+        cfg = self.screen_config
+        ref = self._start("screen", self._problem, self._config, asdict(cfg),
+                          [(c.source, c.language) for c in candidates], self._gpu)
+        try:
+            text = self._await(ref, self._deadline_s(2 * cfg.timeout_s * max(1, len(candidates))))
+        except _Expired as e:
+            return [ScreenResult(Status.TIMEOUT, str(e))] * len(candidates)
+        except _Lost as e:
+            return [ScreenResult(Status.CRASHED, str(e))] * len(candidates)
+        return [ScreenResult.from_dict(d) for d in json.loads(text)]
 
     def _forget(self, future: Future[Result]) -> None:
         with self._lock:

@@ -201,6 +201,17 @@ class Child:
         self._watchdog.daemon = True
         self._watchdog.start()
 
+    def renew(self, timeout_s: float) -> None:
+        """A fresh deadline from now, for a child that answers a sequence of commands each with its own deadline
+        (a screen batch, a candidate at a time)."""
+        self._watchdog.cancel()
+        if self.expired:
+            raise ChildTimeout()
+        self.deadline = time.monotonic() + timeout_s
+        self._watchdog = threading.Timer(max(timeout_s, 0.0) + WATCHDOG_GRACE_S, self._expire)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
     def _start(self, ctx: Any, target: Any, child_conn: Any, job: dict[str, Any]) -> None:
         # A candidate that SIGKILLed the server may leave it dying but not yet dead when we look: the fork request
         # then fails with EOF. Wait for it to die and start a fresh one, once.

@@ -111,3 +111,26 @@ class Result:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    """What the screen found for one candidate: checked once against the reference and timed briefly. It ranks
+    candidates for the judge and never makes one ``ok``: only a judged Result does."""
+
+    status: Status  # ok: the outputs matched once (and it timed, where timing means something)
+    reason: str
+    ms: float | None = None  # median of the brief timing; None where untimed
+    first_call_s: float | None = None  # load, compile and first call, in the check stage
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(asdict(self), status=self.status.value)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ScreenResult":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known and k != "status"}, status=Status(d["status"]))

@@ -207,6 +207,9 @@ class Session:
     def cmd_load(self, cmd: dict[str, Any]) -> None:
         t0 = _perf()
         self.problem = import_module_from_path(self.job["problem"], PROBLEM_MODULE)
+        if self.job["mode"] == "screen":  # the candidates come one command at a time
+            self.chan.send({"msg": "loaded", "load_s": _perf() - t0, "kernels": [], "weights": None})
+            return
         if self.job["mode"] == "baseline":
             self.model = self._build(self.problem, "Model").to(self.device)
             self.compiled = None
@@ -273,6 +276,50 @@ class Session:
             del stand_in  # and its outputs' memory
             self._timed(fn, sets, "timed", calls, reps, check_at, plan)
         self._check_tamper("timing")
+
+    # --- the screen: many candidates in one process, each checked once and timed briefly ----------------------
+    def cmd_screen_check(self, cmd: dict[str, Any]) -> None:
+        """Load one candidate of a screen batch and call it once; the parent compares its outputs. A failure is
+        answered, not fatal: the parent decides whether the process is still fit for the next candidate."""
+        try:
+            self._screen_load(cmd["candidate"])
+            self.inputs = make_inputs(self.problem, cmd["seed"], 0, self.device)
+            self._send_outputs(self._call(self.inputs))
+        except Fail as f:
+            self.chan.send({"msg": "fail", "status": f.status, "reason": f.reason, "error": f.error})
+        finally:
+            self.inputs = None
+
+    def cmd_screen_time(self, cmd: dict[str, Any]) -> None:
+        """Load one candidate already checked and time it briefly, the cache flushed before every repetition."""
+        try:
+            self._screen_load(cmd["candidate"])
+            seeds, cfg = cmd["seeds"], timing.TimingConfig(**self.job["screen_timing"])
+            with torch.no_grad():
+                self._learn_outputs(self.model(*make_inputs(self.problem, seeds[0], 0, self.device)))
+            self._sync()
+            plan = self._memory_plan(seeds, 0)
+            sets = self._input_sets(seeds, 0, plan["input_sets"])
+            with torch.no_grad():
+                calls, reps = timing.warm_up(self.model, sets, self.device, cfg)
+                run = timing.measure(self.model, sets, self.device, reps, cfg, calls, in_place=plan["in_place"])
+            del sets
+            self._check_tamper("timing")
+            self.chan.send({"msg": "screen_timed", "samples_ms": run.samples_ms, "method": run.method,
+                            "reps": reps})
+        except Fail as f:
+            self.chan.send({"msg": "fail", "status": f.status, "reason": f.reason, "error": f.error})
+        except Exception as e:
+            self.chan.send({"msg": "fail", "status": classify(e), "reason": _one_line(e),
+                            "error": traceback.format_exc()})
+
+    def _screen_load(self, path: str) -> None:
+        self.model = None
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        self.job = dict(self.job, candidate=path)
+        self.kernels, self.first_call_s, self.out_specs, self.call_bytes = [], None, None, 0
+        self.model, _ = self._load_candidate()
 
     # --- helpers --------------------------------------------------------------------------------------------
     def _timed(self, fn: Any, sets: list[list[Any]], reply: str, calls: int, reps: int, check_at: list[float],

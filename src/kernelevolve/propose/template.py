@@ -17,7 +17,6 @@ from typing import Any
 
 from kernelevolve.candidate import Candidate, Genome, Meta, RegionConfig, RegionInfo
 from kernelevolve.propose.base import ProposalContext
-from kernelevolve.rows import fastest_timed
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +190,18 @@ class TemplateProposer:
         cfg[knob] = self.rng.choice(choices)
         return f"{r.match.kind} {knob}={cfg[knob]}", dict(genome, **{r.key: cfg})
 
+    def _neighbours(self, plan: Plan, genome: Genome) -> list[tuple[str, Genome]]:
+        """Every genome one knob away from ``genome`` (the pattern search's step around the best), shuffled."""
+        out = []
+        for r in plan.regions:
+            cfg = dict(r.default(), **genome.get(r.key, {}))
+            for knob in sorted(r.space):
+                for v in r.space[knob]:
+                    if v != cfg.get(knob):
+                        out.append((f"{r.match.kind} {knob}={v}", dict(genome, **{r.key: dict(cfg, **{knob: v})})))
+        self.rng.shuffle(out)
+        return out
+
     def _cross(self, plan: Plan, a: Genome, b: Genome) -> Genome:
         return {r.key: dict((a if self.rng.random() < 0.5 else b).get(r.key, r.default())) for r in plan.regions}
 
@@ -200,8 +211,10 @@ class TemplateProposer:
             return []
         mine = [node for node in ctx.history if node.proposer == self.name and "genome" in node.meta]
         tried = {genome_key(node.meta["genome"]) for node in mine}
-        parents = (fastest_timed(mine) or [node for node in mine if node.ok])[:PARENTS]
+        parents = _ranked(mine)[:PARENTS]
         pool: list[tuple[str, Genome, int | None]] = [(lbl, g, None) for lbl, g in self._seeds(plan, ctx)]
+        if parents:  # the elite's neighbourhood first, then mutations and crosses of the elite
+            pool += [(lbl, g, parents[0].id) for lbl, g in self._neighbours(plan, parents[0].meta["genome"])]
         for _ in range(8 * max(n, 1)):
             if parents:
                 p = self.rng.choice(parents)
@@ -211,6 +224,9 @@ class TemplateProposer:
                     pool.append((f"cross+{label}", g, p.id))
                 else:
                     label, g = self._mutate(plan, p.meta["genome"])
+                    if self.rng.random() < 0.3:  # a jump of two knobs, past a ridge one knob cannot cross
+                        more, g = self._mutate(plan, g)
+                        label = f"{label}, {more}"
                     pool.append((label, g, p.id))
             else:
                 label, g = self._mutate(plan, {r.key: r.default() for r in plan.regions})
@@ -231,6 +247,21 @@ class TemplateProposer:
             if len(out) >= n:
                 break
         return out
+
+
+def _ranked(nodes: list[Any]) -> list[Any]:
+    """The parents to breed from, fastest first: by the screen's time where the screen timed the node (its clock is
+    the same for every node it timed), else by the judge's; a node the judge failed is never a parent. Then the
+    verified or screened nodes that have no time (the CPU interpreter)."""
+    def ms(n: Any) -> float | None:
+        if n.failed:
+            return None
+        if n.screen is not None and n.screen.ok and n.screen.ms is not None:
+            return n.screen.ms
+        return n.runtime_ms
+
+    timed = sorted((n for n in nodes if ms(n) is not None), key=ms)
+    return timed or [n for n in nodes if n.ok or (n.result is None and n.screen is not None and n.screen.ok)]
 
 
 def _prior_knobs(bound: str | None, space: dict[str, list[Any]]) -> list[str]:

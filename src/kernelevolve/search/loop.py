@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate.result import Baseline, Result
+from kernelevolve.evaluate.result import Baseline, Result, ScreenResult
 from kernelevolve.problem import Problem
 from kernelevolve.propose.base import ProposalContext, Proposer
 from kernelevolve.rows import Experience, Node
@@ -50,8 +50,15 @@ class SearchConfig:
     max_evals: int = 20
     time_budget_s: float | None = None  # counted from the first proposal, so that it buys evaluations
     target_speedup: float | None = None  # against eager
-    stall: int | None = 10  # evaluations without a new best
+    stall: int | None = 10  # evaluations without a new best (a screen batch that sends none on counts as one)
     pipeline: bool = True  # ask for the next batch while every worker is busy, rather than when one is free
+    # The screen (evaluate/screen.py): candidates are checked once and timed briefly in batches of this many, and only
+    # the fastest ``finalists`` of a batch go on to the judge; 0 judges every candidate. Past ``max_screened`` screened
+    # candidates, the rest are judged directly.
+    screen_batch: int = 0
+    finalists: int = 2
+    max_screened: int | None = 480
+    screen_share: float = 0.6  # of --time-budget, at most, spent screening; the rest is the judge's
 
 
 @dataclass(frozen=True)
@@ -61,18 +68,26 @@ class SearchOutcome:
     best: Node | None
     best_why: str
     first_proposal_s: float | None = None  # from the start of the search to the first candidates in hand
+    screened: int = 0
+
+
+# A finalist of a later batch goes on to the judge only when the screen timed it within this fraction of the
+# fastest screen time among the nodes the judge has verified: the screen's and the judge's timings differ, so
+# screen times are compared with screen times.
+FINALIST_SLACK = 0.05
 
 
 OnResult = Callable[[Node, Result], None]
+OnScreen = Callable[[int, int], None]  # (candidates screened in a batch, sent on to the judge)
 
 
 class _Loop:
     def __init__(self, store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: Any,
                  proposers: list[Proposer], selector: Selector, cfg: SearchConfig, baseline: Baseline | None,
-                 profile: Profile | None, on_result: OnResult | None):
+                 profile: Profile | None, on_result: OnResult | None, on_screen: OnScreen | None = None):
         self.store, self.run_id, self.problem, self.device, self.device_key = store, run_id, problem, device, device_key
         self.pool, self.proposers, self.selector, self.cfg = pool, proposers, selector, cfg
-        self.baseline, self.profile, self.on_result = baseline, profile, on_result
+        self.baseline, self.profile, self.on_result, self.on_screen = baseline, profile, on_result, on_screen
         # The tree lives here: read once (a resumed run's nodes), then kept up to date from what the loop writes.
         self.history = store.nodes(run_id)
         self.position = {n.id: i for i, n in enumerate(self.history)}
@@ -88,8 +103,12 @@ class _Loop:
             device_key, None if getattr(p, "examples_from_any", False) else p.name, exclude_run=run_id), profile)
             for p in proposers}
         self.evaluated = store.count_evaluated(run_id)
+        self.screened = store.count_screened(run_id)
         self.queue: deque[Candidate] = deque()
         self.in_flight: dict[Future[Result], Node] = {}
+        self.screening: dict[Future[list[ScreenResult]], tuple[list[Node], float]] = {}  # batch, when sent
+        self.screen_s = 0.0  # spent screening (batch wall times, summed over batches)
+        self.finalists: deque[Node] = deque()  # sent on by the screen, waiting for a worker
         self.exhausted = False
         self.began = time.monotonic()
         self.start: float | None = None  # the budget's clock: set when the first candidates are in hand
@@ -100,20 +119,35 @@ class _Loop:
         # Only a floor from datasheet ceilings is a hard limit; measured CPU ceilings are beaten by cache-resident ops.
         self.floor_ms = profile.floor_ms if profile and profile.ceilings_source == "table" else None
 
+    def busy(self) -> int:
+        return len(self.in_flight) + len(self.screening)
+
+    def screen_on(self) -> bool:
+        cfg = self.cfg
+        if cfg.screen_batch <= 0 or not hasattr(self.pool, "screen"):
+            return False
+        if cfg.max_screened is not None and self.screened + self.screening_count() >= cfg.max_screened:
+            return False
+        return cfg.time_budget_s is None or self.screen_s < cfg.screen_share * cfg.time_budget_s
+
+    def screening_count(self) -> int:
+        return sum(len(nodes) for nodes, _ in self.screening.values())
+
     def stop_reason(self) -> str | None:
         cfg = self.cfg
         if self.evaluated + len(self.in_flight) >= cfg.max_evals:
             return f"reached --max-evals {cfg.max_evals}"
         # The budget buys search: its clock starts with the first proposal, and it never ends a search before the
         # first evaluation.
-        if cfg.time_budget_s is not None and self.start is not None and self.evaluated + len(self.in_flight) > 0 \
+        if cfg.time_budget_s is not None and self.start is not None \
+                and self.evaluated + len(self.in_flight) + self.screened + self.screening_count() > 0 \
                 and time.monotonic() - self.start >= cfg.time_budget_s:
             return f"reached --time-budget {cfg.time_budget_s:g} s"
         if cfg.target_speedup is not None and self.best_speedup() >= cfg.target_speedup:
             return f"reached the target speedup {cfg.target_speedup:g}x"
         if cfg.stall is not None and self.since_best >= cfg.stall:
             return f"no improvement in {cfg.stall} evaluations"
-        if self.exhausted and not self.queue:
+        if self.exhausted and not self.queue and not self.finalists and not self.screening:
             return "the proposers have nothing left to try"
         return None
 
@@ -137,7 +171,8 @@ class _Loop:
                 if hasattr(proposer, "bind"):
                     proposer.bind(self.proposal_store, self.run_id)
         parents = self.selector.select(history, 1)
-        per = max(1, math.ceil(self.pool.workers / len(self.proposers)))
+        wanted = self.cfg.screen_batch if self.screen_on() else self.pool.workers
+        per = max(1, math.ceil(wanted / len(self.proposers)))
         out: list[Candidate] = []
         for proposer in self.proposers:
             ctx = ProposalContext(self.problem, self.device, self.profile, history, parents,
@@ -161,8 +196,12 @@ class _Loop:
         self.queue.extend(cands)
 
     def submit_next(self) -> bool | None:
-        """Submit one candidate: True when one was taken from the queue, None while a proposal is still being made,
-        False when the proposers are done."""
+        """Submit one candidate to the judge, or one batch to the screen: True when work was taken from the queue,
+        None while a proposal is still being made, False when the proposers are done."""
+        if self.finalists:
+            node = self.finalists.popleft()
+            self.in_flight[self.pool.submit(node.candidate())] = node
+            return True
         if not self.queue:
             if self.proposing is not None and self.proposing.done():
                 self.take_proposal()
@@ -171,6 +210,17 @@ class _Loop:
                     return False
                 self.ask()
                 return None
+        if self.screen_on() and self.evals_left() > 0:
+            return self.submit_batch()
+        node = self.take()
+        if isinstance(node, Node):
+            self.in_flight[self.pool.submit(node.candidate())] = node
+            return True
+        return node
+
+    def take(self) -> Node | bool:
+        """The next queued candidate as a new node of the tree; True when it was consumed without needing a worker
+        (its result reused), False once the proposers only repeat themselves."""
         cand = self.queue.popleft()
         if any(n.sha == cand.sha for n in self.history):
             self.repeats += 1  # this run already holds that source
@@ -181,8 +231,57 @@ class _Loop:
             log.info("node %d: source already evaluated for this problem and device; reusing its result", node.id)
             self._record(node, node.result.with_baseline(self.baseline), save=False)
             return True
-        self.in_flight[self.pool.submit(cand)] = node
-        return True
+        return node
+
+    def evals_left(self) -> int:
+        """Judge evaluations left, less those the screen batches in flight will likely ask for."""
+        return (self.cfg.max_evals - self.evaluated - len(self.in_flight) - len(self.finalists)
+                - self.cfg.finalists * len(self.screening))
+
+    def submit_batch(self) -> bool:
+        room = self.cfg.screen_batch
+        if self.cfg.max_screened is not None:
+            room = min(room, self.cfg.max_screened - self.screened - self.screening_count())
+        batch: list[Node] = []
+        while self.queue and len(batch) < room:
+            node = self.take()
+            if node is False:
+                break
+            if isinstance(node, Node):
+                batch.append(node)
+        if batch:
+            sent = time.monotonic()
+            self.screening[self.pool.screen([n.candidate() for n in batch])] = (batch, sent)
+            return True
+        return self.repeats < MAX_REPEATS
+
+    def _record_screen(self, nodes: list[Node], results: list[ScreenResult]) -> None:
+        """Store what the screen found and send the fastest of the batch on to the judge: the first batch's best
+        always, a later batch's only where the screen timed them near the fastest kernel the judge has verified."""
+        self.screened += len(nodes)
+        passed = [(n, r) for n, r in zip(nodes, results) if r.ok]
+        passed.sort(key=lambda nr: math.inf if nr[1].ms is None else nr[1].ms)  # untimed last, in proposal order
+        bar = self.screen_bar()
+        chosen = [n.id for n, r in passed[:self.cfg.finalists]
+                  if bar is None or r.ms is None or r.ms <= bar * (1 + FINALIST_SLACK)]
+        sent = {}
+        for node, result in zip(nodes, results):
+            finalist = node.id in chosen
+            self.store.save_screen(node.id, result, finalist)
+            node = replace(node, screen=result, finalist=finalist)
+            self.history[self.position[node.id]] = node
+            if finalist:
+                sent[node.id] = node
+        self.finalists.extend(sent[i] for i in chosen)  # the fastest first
+        if not chosen:
+            self.since_best += 1
+        if self.on_screen:
+            self.on_screen(len(nodes), len(chosen))
+
+    def screen_bar(self) -> float | None:
+        """The fastest screen time among the nodes the judge verified (None before the first)."""
+        times = [n.screen.ms for n in self.history if n.ok and n.screen is not None and n.screen.ms is not None]
+        return min(times) if times else None
 
     def add(self, cand: Candidate) -> Node:
         """Store ``cand`` as a node of the run and append it to the tree in memory."""
@@ -219,8 +318,9 @@ class _Loop:
                 self._record(node, node.result.with_baseline(self.baseline), save=False)
 
     def resume_pending(self) -> None:
+        """Judge again what a killed run left pending: finalists, and nodes added without a screen verdict."""
         for node in self.history:
-            if node.result is None:
+            if node.result is None and not node.screened_out:
                 self.in_flight[self.pool.submit(node.candidate())] = node
 
     def run(self) -> SearchOutcome:
@@ -250,7 +350,7 @@ class _Loop:
         reason = None
         while True:
             waiting = False
-            while reason is None and len(self.in_flight) < self.pool.workers:
+            while reason is None and self.busy() < self.pool.workers:
                 reason = self.stop_reason()
                 if reason is None:
                     submitted = self.submit_next()
@@ -261,27 +361,33 @@ class _Loop:
                         reason = self.stop_reason() or "the proposers have nothing left to try"
             if reason is None and not waiting and self.harvest():
                 continue  # results already in: take them before proposing from the tree
-            if reason is None and self.cfg.pipeline and not self.queue and self.in_flight \
+            if reason is None and self.cfg.pipeline and not self.queue and self.busy() \
                     and self.stop_reason() is None:
                 self.ask()  # every worker is busy and nothing is queued: propose while they run
-            pending = list(self.in_flight) + ([self.proposing] if self.proposing and (waiting or not reason) else [])
-            if not self.in_flight and (reason is not None or not pending):
+            pending = list(self.in_flight) + list(self.screening) + (
+                [self.proposing] if self.proposing and (waiting or not reason) else [])
+            if not self.busy() and (reason is not None or not pending):
                 break
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
                 if fut is self.proposing:
                     self.take_proposal()
-                    continue
-                node = self.in_flight.pop(fut)
-                self._record(node, fut.result().with_baseline(self.baseline))
+                elif fut in self.screening:
+                    batch, sent = self.screening.pop(fut)
+                    self.screen_s += time.monotonic() - sent
+                    self._record_screen(batch, fut.result())
+                else:
+                    node = self.in_flight.pop(fut)
+                    self._record(node, fut.result().with_baseline(self.baseline))
         best, why = best_node(self.history)
         first = None if self.start is None else round(self.start - self.began, 3)
-        return SearchOutcome(reason or "stopped", self.evaluated, best, why, first)
+        return SearchOutcome(reason or "stopped", self.evaluated, best, why, first, self.screened)
 
 
 def run_search(store: Store, run_id: int, problem: Problem, device: str, device_key: str, pool: Any,
                proposers: list[Proposer], selector: Selector, cfg: SearchConfig, baseline: Baseline | None,
-               profile: Profile | None = None, on_result: OnResult | None = None) -> SearchOutcome:
+               profile: Profile | None = None, on_result: OnResult | None = None,
+               on_screen: OnScreen | None = None) -> SearchOutcome:
     """Search until a stop condition holds. Every result is committed as it arrives, so a killed run resumes."""
     return _Loop(store, run_id, problem, device, device_key, pool, proposers, selector, cfg, baseline, profile,
-                 on_result).run()
+                 on_result, on_screen).run()

@@ -1,0 +1,236 @@
+"""The screen: many candidates checked once and timed briefly, so that the judge sees only the most promising.
+
+A batch goes through two stages, each in child processes isolated like the judge's (their own process group, a hard
+deadline per candidate, a scrubbed environment):
+
+1. **check**: up to ``parallel`` processes share the batch. Each loads a candidate, calls it once on inputs drawn
+   from one fresh seed and sends its outputs; the parent compares them with the reference it computed once for the
+   batch. Triton and Inductor compile here, in parallel on the CPU cores, into their on-disk caches.
+2. **time**: one process loads each correct candidate again (its kernels now come from those caches) and times it
+   briefly, the cache flushed before every repetition. One process, so that the timings do not disturb each other.
+
+Each candidate is a command of its own, so a crash, a hang or a poisoned CUDA context names its candidate at once:
+that candidate is recorded, its process replaced, and the rest of the batch goes on in a fresh one. A screen result
+ranks candidates; it never makes one ``ok``. Only the judge (``Evaluator.evaluate``) does.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import statistics
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate.checks import compare_outputs
+from kernelevolve.evaluate.evaluator import (_MALFORMED, Evaluator, _expect, _load_tensors, _raise_on_fail, _Verdict,
+                                             fresh_seed)
+from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
+from kernelevolve.evaluate.result import ScreenResult, Status
+from kernelevolve.evaluate.timing import TimingConfig
+from kernelevolve.problem import input_specs
+
+log = logging.getLogger(__name__)
+
+# Check processes at most, whatever the cores: each holds a CUDA context and a set of inputs on the device.
+MAX_PARALLEL = 8
+# Device memory a check process needs besides its inputs and outputs (its CUDA context, allocator slack).
+PROCESS_BYTES = 1 << 30
+# Failures after which a process is still fit for the next candidate: nothing of the candidate ever ran.
+_FIT_AFTER = {Status.COMPILE_ERROR, Status.INCORRECT}
+
+
+@dataclass(frozen=True)
+class ScreenConfig:
+    timeout_s: float = 120.0  # per candidate and stage: a compile with autotuning takes tens of seconds
+    parallel: int | None = None  # check processes; None: from the CPU cores and the free device memory
+    timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_ms=25.0, warmup_ms=5.0, min_reps=3,
+                                                                      max_reps=100))
+    input_sets: int = 2  # rotated through while timing
+
+
+OnScreened = Callable[[int, ScreenResult], None]
+
+
+class Screener:
+    """Screens batches of candidates for the problem of ``evaluator``, whose reference, jobs and comparison it
+    shares. Thread-safe like the evaluator: one batch per worker thread."""
+
+    def __init__(self, evaluator: Evaluator, config: ScreenConfig | None = None):
+        self.evaluator, self.config = evaluator, config or ScreenConfig()
+
+    def screen(self, candidates: list[Candidate], gpu: int | None = None,
+               on_screened: OnScreened | None = None) -> list[ScreenResult]:
+        """One ScreenResult per candidate, in their order. Never raises for a candidate's fault."""
+        if not candidates:
+            return []
+        ev, n = self.evaluator, len(candidates)
+        paths = []
+        for k, cand in enumerate(candidates):
+            path = ev.workdir / f"screen_{cand.sha[:12]}_{fresh_seed() % 10**6}_{k}.py"
+            path.write_text(cand.source)
+            paths.append(str(path))
+        seed = fresh_seed()
+        ev._release_cache(gpu)
+        ref = ev._reference_with_room(seed, 0, gpu)
+        compute = ev._exact(seed, 0, gpu)
+        exact = None if compute is None else _Once(compute)
+        checked: dict[int, ScreenResult] = {}
+
+        def check(child: Child, i: int) -> ScreenResult:
+            return self._check_one(child, paths[i], seed, ref, exact, gpu)
+
+        parallel = self._parallel(n, ref, gpu)
+        slices = [list(range(k, n, parallel)) for k in range(parallel)]
+        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="kernelevolve-screen") as pool:
+            for out in pool.map(lambda s: self._stage("check", s, check, gpu), slices):
+                checked.update(out)
+        for i in range(n):
+            if on_screened is not None and not checked[i].ok:
+                on_screened(i, checked[i])
+        results = dict(checked)
+        passed = [i for i in range(n) if checked[i].ok]
+        timed = [i for i in passed if self._timeable(candidates[i])]
+        if timed:
+            seeds = ev._timing_seeds(gpu, self.config.input_sets)
+
+            def time_one(child: Child, i: int) -> ScreenResult:
+                return self._time_one(child, paths[i], seeds, checked[i])
+
+            results.update(self._stage("time", timed, time_one, gpu))
+        for i in passed:
+            if on_screened is not None:
+                on_screened(i, results[i])
+        for p in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        return [results[i] for i in range(n)]
+
+    # --- stages -----------------------------------------------------------------------------------------------
+    def _stage(self, name: str, indices: list[int], step: Callable[[Child, int], ScreenResult],
+               gpu: int | None) -> dict[int, ScreenResult]:
+        """Run ``step`` for each index in turn in one child, replacing the child after a candidate that may have left
+        it unfit (anything but a compile error or a wrong output) and after a crash or a hang, which are that
+        candidate's result."""
+        todo, out = deque(indices), {}
+        while todo:
+            job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
+            job["screen_timing"] = asdict(self.config.timing)
+            current: int | None = None
+            try:
+                with Child(job, self.config.timeout_s) as child:
+                    _expect(child, "hello")
+                    _expect(child, "loaded", send={"cmd": "load"})
+                    while todo:
+                        current = todo[0]
+                        child.renew(self.config.timeout_s)
+                        r = step(child, current)
+                        out[todo.popleft()] = r
+                        current = None
+                        if r.status not in _FIT_AFTER and not r.ok:
+                            break
+            except ChildTimeout:
+                failure = ScreenResult(Status.TIMEOUT, f"no answer within {self.config.timeout_s:g} s in the screen's "
+                                                       f"{name} stage; process group killed")
+            except ChildDied as e:
+                failure = ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)")
+            except _Verdict as v:
+                failure = ScreenResult(v.status, v.reason)
+            except _MALFORMED as e:
+                failure = ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})")
+            else:
+                continue
+            if current is None:  # the process failed before any candidate of it ran: the screen's own failure
+                for i in todo:
+                    out[i] = ScreenResult(Status.RUNTIME_ERROR, f"the screen's {name} process failed: "
+                                                                f"{failure.reason}")
+                log.warning("screen %s process failed before its first candidate: %s", name, failure.reason)
+                return out
+            out[todo.popleft()] = failure
+        return out
+
+    def _check_one(self, child: Child, path: str, seed: int, ref: tuple[torch.Tensor, ...], exact: "_Once | None",
+                   gpu: int | None) -> ScreenResult:
+        child.send({"cmd": "screen_check", "candidate": path, "seed": seed})
+        header, blob = child.recv()
+        if header.get("msg") == "fail":
+            return _failure(header)
+        _raise_on_fail(header, "output")
+        first = header.get("first_call_s")
+        first = float(first) if isinstance(first, (int, float)) else None
+        problem = self.evaluator.problem
+        outs = _load_tensors(header, blob, torch.device(self.evaluator._ref_device(gpu)))
+        reason = compare_outputs(ref, outs, problem.allow_tf32, problem.atol, problem.rtol, exact)
+        if reason:
+            return ScreenResult(Status.INCORRECT, reason, first_call_s=first)
+        return ScreenResult(Status.OK, "checked once; untimed", first_call_s=first)
+
+    def _time_one(self, child: Child, path: str, seeds: list[int], checked: ScreenResult) -> ScreenResult:
+        child.send({"cmd": "screen_time", "candidate": path, "seeds": seeds})
+        header, _ = child.recv()
+        if header.get("msg") == "fail":
+            failed = _failure(header)
+            return ScreenResult(failed.status, f"timing: {failed.reason}", first_call_s=checked.first_call_s)
+        _raise_on_fail(header, "screen_timed")
+        samples = [float(x) for x in header["samples_ms"]]
+        if not samples or not all(math.isfinite(x) and x >= 0 for x in samples):
+            return ScreenResult(Status.REJECTED, "timing: no usable samples", first_call_s=checked.first_call_s)
+        return ScreenResult(Status.OK, f"checked once, timed over {len(samples)} repetitions",
+                            ms=statistics.median(samples), first_call_s=checked.first_call_s)
+
+    # --- planning -----------------------------------------------------------------------------------------------
+    def _timeable(self, candidate: Candidate) -> bool:
+        """Its timing means something: not Triton under the CPU interpreter."""
+        cfg = self.evaluator.config
+        return cfg.time_candidates and not (cfg.device == "cpu" and candidate.language == "triton")
+
+    def _parallel(self, n: int, ref: tuple[torch.Tensor, ...], gpu: int | None) -> int:
+        """Check processes: the configured number, else one per CPU core (up to MAX_PARALLEL), as many as the free
+        device memory holds with one input set and the outputs each."""
+        if self.config.parallel is not None:
+            return max(1, min(n, self.config.parallel))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        most = max(1, min(n, cores, MAX_PARALLEL))
+        ev = self.evaluator
+        if ev.config.device != "cuda" or not torch.cuda.is_available():
+            return most
+        specs = input_specs(ev.module, fresh_seed(), 0, ev._ref_device(gpu))
+        in_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in filter(None, specs))
+        out_bytes = sum(t.numel() * t.element_size() for t in ref)
+        with torch.cuda.device(ev._ref_device(gpu)):
+            free = torch.cuda.mem_get_info()[0]
+        each = PROCESS_BYTES + in_bytes + 3 * out_bytes
+        return max(1, min(most, int(0.6 * free // each)))
+
+
+class _Once:
+    """The float64 reference as compare_outputs takes it, computed at most once for the whole batch."""
+
+    def __init__(self, compute: Callable[[], Any]):
+        self.compute, self.value, self.done = compute, None, False
+        self.lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        with self.lock:
+            if not self.done:
+                self.value, self.done = self.compute(), True
+            return self.value
+
+
+def _failure(header: dict[str, Any]) -> ScreenResult:
+    try:
+        status = Status(header.get("status"))
+    except ValueError:
+        status = Status.RUNTIME_ERROR
+    if status is Status.OK:
+        status = Status.REJECTED
+    return ScreenResult(status, str(header.get("reason", ""))[:300])
+
+

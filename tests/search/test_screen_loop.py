@@ -1,0 +1,124 @@
+"""The loop with the screen on: batches screened, only finalists judged, counts and resume; a fake screening pool."""
+import time
+from concurrent.futures import Future
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate.result import ScreenResult, Status
+from kernelevolve.search import best_node
+
+from tests.search.test_loop import FakePool, FakeProposer, new_run, problem, search, src, store  # noqa: F401
+
+
+def screen_result(source: str) -> ScreenResult:
+    """The screen's view of a fake source: its status, and a screen time 10% above the judge's (another clock)."""
+    fields = dict(line[2:].split("=", 1) for line in source.splitlines() if "=" in line)
+    status = Status(fields.get("screen", fields["status"]))
+    ms = None if fields["ms"] == "None" or status is not Status.OK else 1.1 * float(fields["ms"])
+    return ScreenResult(status, "checked once" if status is Status.OK else "nope", ms=ms)
+
+
+class ScreeningPool(FakePool):
+    def __init__(self, workers: int = 1, screen_s: float = 0.0):
+        super().__init__(workers)
+        self.batches: list[list[str]] = []
+        self.screen_s = screen_s  # how long a batch takes
+
+    def screen(self, candidates: list[Candidate]) -> "Future[list[ScreenResult]]":
+        time.sleep(self.screen_s)
+        self.batches.append([c.source for c in candidates])
+        fut: Future[list[ScreenResult]] = Future()
+        fut.set_result([screen_result(c.source) for c in candidates])
+        return fut
+
+
+def test_only_the_fastest_of_a_batch_are_judged(store, problem):
+    run_id = new_run(store, problem)
+    sources = [src(f"c{i}", 10.0 - i) for i in range(8)] + [src("bad", 0.5, "incorrect")]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=10, screen_batch=9, finalists=2)
+    assert pool.batches == [sources]
+    assert pool.submitted == [src("c7", 3.0), src("c6", 4.0)]  # the fastest two the screen passed
+    assert out.evaluations == 2 and out.screened == 9
+    assert out.best.source == src("c7", 3.0)
+    nodes = store.nodes(run_id)
+    assert sum(n.screened_out for n in nodes) == 7 and sum(n.finalist for n in nodes) == 2
+    assert store.count_screened(run_id) == 9 and store.count_evaluated(run_id) == 2
+    summary = store.runs()[0]
+    assert (summary.screened, summary.evaluated) == (9, 2)
+
+
+def test_a_screen_result_never_makes_a_kernel_best(store, problem):
+    """Passing the screen is not being verified: a finalist the judge fails leaves the run without a best, and the
+    screened-out nodes hold no result."""
+    run_id = new_run(store, problem)
+    sources = [src("a", 2.0, "incorrect") + "# screen=ok\n", src("b", 3.0, "incorrect") + "# screen=ok\n"]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=5, screen_batch=4, finalists=1)
+    assert pool.submitted == [sources[0]] and out.best is None
+    nodes = store.nodes(run_id)
+    assert [n.screen.ok for n in nodes] == [True, True]
+    assert nodes[0].result.status is Status.INCORRECT and nodes[1].result is None and nodes[1].screened_out
+    assert best_node(nodes)[0] is None
+
+
+def test_a_later_batch_sends_on_only_what_beats_the_judged_best(store, problem):
+    run_id = new_run(store, problem)
+    first = [src(f"a{i}", 2.0 + i) for i in range(3)]
+    second = [src(f"b{i}", 5.0 + i) for i in range(3)]  # every one slower than the best judged so far
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(first + second), pool, max_evals=10, screen_batch=3,
+                 finalists=2)
+    assert pool.batches == [first, second]
+    assert pool.submitted == [src("a0", 2.0), src("a1", 3.0)]
+    assert out.screened == 6 and out.evaluations == 2
+
+
+def test_max_evals_counts_judged_candidates_only(store, problem):
+    run_id = new_run(store, problem)
+    sources = [src(f"c{i}", 20.0 - i) for i in range(30)]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=4, screen_batch=5, finalists=2)
+    assert out.evaluations == 4 and "max-evals 4" in out.stop_reason
+    assert out.screened >= 10 and len(pool.submitted) == 4
+
+
+def test_past_max_screened_candidates_are_judged_directly(store, problem):
+    run_id = new_run(store, problem)
+    sources = [src(f"c{i}", 20.0 - i) for i in range(6)]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=20, screen_batch=4, finalists=1,
+                 max_screened=4)
+    assert [len(b) for b in pool.batches] == [4]
+    assert pool.submitted == [src("c3", 17.0), src("c4", 16.0), src("c5", 15.0)]
+    assert out.screened == 4 and out.evaluations == 3
+
+
+def test_screened_out_nodes_are_not_judged_on_resume(store, problem):
+    run_id = new_run(store, problem)
+    sources = [src(f"c{i}", 10.0 - i) for i in range(4)]
+    search(store, run_id, problem, FakeProposer(sources), ScreeningPool(), max_evals=10, screen_batch=4, finalists=1)
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer([]), pool, max_evals=10, screen_batch=4, finalists=1)
+    assert pool.submitted == [] and pool.batches == []
+    assert out.screened == 4 and out.evaluations == 1
+
+
+def test_without_a_screen_every_candidate_is_judged(store, problem):
+    run_id = new_run(store, problem)
+    sources = [src(f"c{i}", 10.0 - i) for i in range(3)]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=10, screen_batch=0)
+    assert pool.batches == [] and len(pool.submitted) == 3 and out.screened == 0
+
+
+def test_the_screen_takes_only_its_share_of_the_time_budget(store, problem):
+    """Batches of 0.3 s against a 1 s share (0.5 of 2 s): the screen stops after the fourth (sooner on a loaded
+    machine, never later); the rest is judged. Without the share it would screen for the whole 2 s."""
+    run_id = new_run(store, problem)
+    sources = [src(f"c{i}", 100.0 - i) for i in range(40)]
+    pool = ScreeningPool(screen_s=0.3)
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=40, screen_batch=2, finalists=1,
+                 time_budget_s=2.0, screen_share=0.5)
+    assert 2 <= len(pool.batches) <= 4, pool.batches
+    # one finalist per batch, then every candidate judged directly
+    assert out.screened == 2 * len(pool.batches) and len(pool.submitted) > len(pool.batches)

@@ -1,0 +1,29 @@
+"""A screened run end to end on the CPU: the local pool's screen, the counts in `runs --json`, the tree in `show`."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "kernelevolve.cli"]
+ENV = dict(os.environ, TRITON_INTERPRET="1")
+
+
+def test_a_screened_run_judges_only_its_finalists(tmp_path):
+    db, out = tmp_path / "ke.db", tmp_path / "out"
+    proc = subprocess.run(CLI + ["optimize", str(ROOT / "tests" / "cheats" / "problem_scale.py"), "--device", "cpu",
+                                 "--proposer", "template", "--screen-batch", "4", "--finalists", "1", "--max-evals",
+                                 "2", "--stall", "0", "--timing-budget-ms", "20", "--db", str(db), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=ENV)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "screened 4 candidate(s); 1 sent on to the judge" in proc.stdout
+    runs = json.loads(subprocess.run(CLI + ["runs", "--db", str(db), "--json"], capture_output=True, text=True,
+                                     timeout=120, env=ENV, check=True).stdout)
+    assert len(runs) == 1 and runs[0]["evaluated"] == 2 and runs[0]["screened"] >= 8
+    assert isinstance(runs[0]["screened"], int) and isinstance(runs[0]["evaluated"], int)
+    shown = subprocess.run(CLI + ["show", "latest", "--db", str(db)], capture_output=True, text=True, timeout=120,
+                           env=ENV, check=True).stdout
+    assert "screened out" in shown and f"screened {runs[0]['screened']}," in shown
+    report = (out / "report.html").read_text()
+    assert "<h2>Screen</h2>" in report and (out / "best.py").is_file()
