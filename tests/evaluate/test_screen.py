@@ -48,3 +48,35 @@ def test_a_screen_never_verifies(screener, candidate):
     r = screener.screen([cached])[0]
     assert r.status in (Status.OK, Status.INCORRECT)
     assert screener.evaluator.evaluate(cached).status is not Status.OK
+
+
+def test_what_a_candidate_leaves_behind_is_not_the_next_ones_fault(screener, candidate):
+    """A candidate that replaces a timer and then fails to import, and one that leaves a thread running: each is
+    judged by itself, and the genuine candidate after it in the same process still passes."""
+    tamper = Candidate("import time\ntime.perf_counter = lambda: 0.0\nraise ImportError('gone')\n")
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=1))
+    results = one.screen([tamper, candidate("genuine_torch"), candidate("thread_outlives_call"),
+                          candidate("genuine_torch")])
+    assert results[0].status is Status.COMPILE_ERROR
+    assert results[1].ok, results[1]
+    assert results[2].status is Status.REJECTED and "thread" in results[2].reason, results[2]
+    assert results[3].ok, results[3]
+
+
+def test_the_deadline_runs_only_while_the_child_works(screener, candidate, monkeypatch):
+    """The parent's own comparison can take longer than a candidate's deadline: no candidate is blamed for it."""
+    import time
+
+    from kernelevolve.evaluate import screen as screen_module
+
+    original = screen_module.compare_outputs
+
+    def slow(*args, **kwargs):
+        time.sleep(6.0)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(screen_module, "compare_outputs", slow)
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=4.0, parallel=1))
+    results = one.screen([candidate("genuine_torch"), candidate("genuine_torch").__class__(
+        candidate("genuine_torch").source + "\n# another source\n")])
+    assert [r.status for r in results] == [Status.OK, Status.OK], results

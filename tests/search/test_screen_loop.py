@@ -122,3 +122,41 @@ def test_the_screen_takes_only_its_share_of_the_time_budget(store, problem):
     assert 2 <= len(pool.batches) <= 4, pool.batches
     # one finalist per batch, then every candidate judged directly
     assert out.screened == 2 * len(pool.batches) and len(pool.submitted) > len(pool.batches)
+
+
+class FailingScreenPool(ScreeningPool):
+    """A screen that fails on its own side: as a whole batch (an exception), or per candidate (harness)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def screen(self, candidates):
+        self.batches.append([c.source for c in candidates])
+        fut = Future()
+        if self.how == "raise":
+            fut.set_exception(OSError("no space left on device"))
+        else:
+            fut.set_result([ScreenResult(Status.RUNTIME_ERROR, "not screened", harness=True) for _ in candidates])
+        return fut
+
+
+def test_candidates_the_screen_failed_to_screen_go_to_the_judge(store, problem):
+    for how in ("raise", "harness"):
+        run_id = new_run(store, problem)
+        sources = [src(f"{how}{i}", 5.0 + i) for i in range(3)]
+        pool = FailingScreenPool(how)
+        out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=10, screen_batch=3, finalists=1)
+        assert pool.batches == [sources] and pool.submitted == sources, how
+        assert out.screened == 0 and out.evaluations == 3
+        assert all(n.screen is None and n.result is not None for n in store.nodes(run_id))
+
+
+def test_a_resumed_run_screens_what_it_had_not_screened(store, problem):
+    run_id = new_run(store, problem)
+    for i in range(3):  # added, as when the run was killed while their batch was being screened
+        store.add_node(run_id, problem.sha, "cpu:x86_64:test", Candidate(src(f"p{i}", 9.0 - i), proposer="fake"))
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer([]), pool, max_evals=10, screen_batch=4, finalists=1)
+    assert pool.batches == [[src(f"p{i}", 9.0 - i) for i in range(3)]]
+    assert pool.submitted == [src("p2", 7.0)] and out.screened == 3 and out.evaluations == 1

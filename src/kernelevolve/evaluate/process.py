@@ -201,6 +201,11 @@ class Child:
         self._watchdog.daemon = True
         self._watchdog.start()
 
+    def pause(self) -> None:
+        """Stop the deadline's clock while the parent, not the child, works (comparing what it was sent)."""
+        self._watchdog.cancel()
+        self.deadline = float("inf")
+
     def renew(self, timeout_s: float) -> None:
         """A fresh deadline from now, for a child that answers a sequence of commands each with its own deadline
         (a screen batch, a candidate at a time)."""

@@ -122,10 +122,13 @@ class ScreenResult:
     reason: str
     ms: float | None = None  # median of the brief timing; None where untimed
     first_call_s: float | None = None  # load, compile and first call, in the check stage
+    # the screen failed on its own side (its process did not start, its memory ran out): the candidate was not
+    # screened, and goes to the judge as it is
+    harness: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.status is Status.OK
+        return self.status is Status.OK and not self.harness
 
     def to_dict(self) -> dict[str, Any]:
         return dict(asdict(self), status=self.status.value)

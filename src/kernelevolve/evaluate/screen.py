@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 MAX_PARALLEL = 8
 # Device memory a check process needs besides its inputs and outputs (its CUDA context, allocator slack).
 PROCESS_BYTES = 1 << 30
-# Failures after which a process is still fit for the next candidate: nothing of the candidate ever ran.
+# Failures after which a process stays in use: what the candidate left behind, the next candidate's load finds.
 _FIT_AFTER = {Status.COMPILE_ERROR, Status.INCORRECT}
+# The status of a child that finds, loading a candidate, that an earlier one left it tampered with.
+_UNFIT = "unfit"
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,22 @@ class Screener:
         """One ScreenResult per candidate, in their order. Never raises for a candidate's fault."""
         if not candidates:
             return []
-        ev, n = self.evaluator, len(candidates)
+        ev = self.evaluator
         paths = []
         for k, cand in enumerate(candidates):
             path = ev.workdir / f"screen_{cand.sha[:12]}_{fresh_seed() % 10**6}_{k}.py"
             path.write_text(cand.source)
             paths.append(str(path))
+        try:
+            return self._screen(candidates, paths, gpu, on_screened)
+        finally:
+            for p in paths:
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
+
+    def _screen(self, candidates: list[Candidate], paths: list[str], gpu: int | None,
+                on_screened: OnScreened | None) -> list[ScreenResult]:
+        ev, n = self.evaluator, len(candidates)
         seed = fresh_seed()
         ev._release_cache(gpu)
         ref = ev._reference_with_room(seed, 0, gpu)
@@ -108,32 +120,39 @@ class Screener:
         for i in passed:
             if on_screened is not None:
                 on_screened(i, results[i])
-        for p in paths:
-            with contextlib.suppress(OSError):
-                os.unlink(p)
         return [results[i] for i in range(n)]
+
 
     # --- stages -----------------------------------------------------------------------------------------------
     def _stage(self, name: str, indices: list[int], step: Callable[[Child, int], ScreenResult],
                gpu: int | None) -> dict[int, ScreenResult]:
         """Run ``step`` for each index in turn in one child, replacing the child after a candidate that may have left
-        it unfit (anything but a compile error or a wrong output) and after a crash or a hang, which are that
-        candidate's result."""
+        it unfit (anything but a compile error or a wrong output), after one that reports it unfit (left behind by
+        an earlier candidate: retried in the fresh child), and after a crash or a hang, which are that candidate's
+        result. The deadline runs only while the child works on a candidate."""
         todo, out = deque(indices), {}
         while todo:
             job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
             job["screen_timing"] = asdict(self.config.timing)
             current: int | None = None
+            ran = 0  # candidates this child has answered
             try:
                 with Child(job, self.config.timeout_s) as child:
                     _expect(child, "hello")
                     _expect(child, "loaded", send={"cmd": "load"})
+                    child.pause()
                     while todo:
-                        current = todo[0]
                         child.renew(self.config.timeout_s)
+                        current = todo[0]
                         r = step(child, current)
-                        out[todo.popleft()] = r
+                        child.pause()
                         current = None
+                        if isinstance(r, _Unfit):
+                            if not ran:  # a fresh process cannot be unfit: the screen's own failure
+                                return {**out, **self._harness_failure(name, todo, r.reason)}
+                            break  # again in a fresh process
+                        out[todo.popleft()] = r
+                        ran += 1
                         if r.status not in _FIT_AFTER and not r.ok:
                             break
             except ChildTimeout:
@@ -145,16 +164,22 @@ class Screener:
                 failure = ScreenResult(v.status, v.reason)
             except _MALFORMED as e:
                 failure = ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})")
+            except (torch.OutOfMemoryError, OSError) as e:  # the parent's own side
+                return {**out, **self._harness_failure(name, todo, f"{type(e).__name__}: {str(e)[:200]}")}
             else:
                 continue
-            if current is None:  # the process failed before any candidate of it ran: the screen's own failure
-                for i in todo:
-                    out[i] = ScreenResult(Status.RUNTIME_ERROR, f"the screen's {name} process failed: "
-                                                                f"{failure.reason}")
-                log.warning("screen %s process failed before its first candidate: %s", name, failure.reason)
-                return out
+            if current is None:  # the process failed before or between candidates: no candidate's doing
+                if not ran:
+                    return {**out, **self._harness_failure(name, todo, failure.reason)}
+                continue
             out[todo.popleft()] = failure
         return out
+
+    @staticmethod
+    def _harness_failure(name: str, todo: deque[int], reason: str) -> dict[int, ScreenResult]:
+        log.warning("the screen's %s stage failed on its own side: %s", name, reason)
+        return {i: ScreenResult(Status.RUNTIME_ERROR, f"not screened: the screen's {name} stage failed: {reason}",
+                                harness=True) for i in todo}
 
     def _check_one(self, child: Child, path: str, seed: int, ref: tuple[torch.Tensor, ...], exact: "_Once | None",
                    gpu: int | None) -> ScreenResult:
@@ -177,6 +202,8 @@ class Screener:
         header, _ = child.recv()
         if header.get("msg") == "fail":
             failed = _failure(header)
+            if isinstance(failed, _Unfit):
+                return failed
             return ScreenResult(failed.status, f"timing: {failed.reason}", first_call_s=checked.first_call_s)
         _raise_on_fail(header, "screen_timed")
         samples = [float(x) for x in header["samples_ms"]]
@@ -224,7 +251,9 @@ class _Once:
             return self.value
 
 
-def _failure(header: dict[str, Any]) -> ScreenResult:
+def _failure(header: dict[str, Any]) -> Any:
+    if header.get("status") == _UNFIT:
+        return _Unfit(str(header.get("reason", ""))[:300])
     try:
         status = Status(header.get("status"))
     except ValueError:
@@ -234,3 +263,12 @@ def _failure(header: dict[str, Any]) -> ScreenResult:
     return ScreenResult(status, str(header.get("reason", ""))[:300])
 
 
+
+
+@dataclass(frozen=True)
+class _Unfit:
+    """A child's answer that an earlier candidate left it unfit: not this candidate's result."""
+
+    reason: str
+    status: str = _UNFIT
+    ok: bool = False

@@ -192,6 +192,7 @@ class Session:
         self.call_bytes = 0  # the most device memory a call allocated beyond what it was given
         self.peak_seen = 0
         self.exporter = devshare.Exporter()
+        self.backends = _backend_flags()  # as the harness set them: a screen batch's candidates each start so
         self._hook_triton()
 
     def serve(self) -> None:
@@ -295,9 +296,16 @@ class Session:
         try:
             self._screen_load(cmd["candidate"])
             seeds, cfg = cmd["seeds"], timing.TimingConfig(**self.job["screen_timing"])
+            inputs = make_inputs(self.problem, seeds[0], 0, self.device)
+            if self.device == "cuda":  # the call's own temporaries, for the memory plan
+                torch.cuda.reset_peak_memory_stats()
+                held = torch.cuda.memory_allocated()
             with torch.no_grad():
-                self._learn_outputs(self.model(*make_inputs(self.problem, seeds[0], 0, self.device)))
+                self._learn_outputs(self.model(*inputs))
             self._sync()
+            if self.device == "cuda":
+                self.call_bytes = max(0, torch.cuda.max_memory_allocated() - held)
+            del inputs
             plan = self._memory_plan(seeds, 0)
             sets = self._input_sets(seeds, 0, plan["input_sets"])
             with torch.no_grad():
@@ -314,10 +322,18 @@ class Session:
                             "error": traceback.format_exc()})
 
     def _screen_load(self, path: str) -> None:
+        """The next candidate of a batch, in a process whose earlier candidates all passed: anything they left
+        behind (replaced timers, threads, processes) makes this process unfit, which is no fault of this one."""
         self.model = None
         if self.device == "cuda":
             torch.cuda.empty_cache()
+        try:
+            self._check_tamper("an earlier candidate of the batch")
+        except Fail as f:
+            raise Fail("unfit", f.reason) from None
+        _restore_backends(self.backends)
         self.job = dict(self.job, candidate=path)
+        self.origins.candidate_file = os.path.realpath(path)
         self.kernels, self.first_call_s, self.out_specs, self.call_bytes = [], None, None, 0
         self.model, _ = self._load_candidate()
 
@@ -522,6 +538,21 @@ class Session:
             return original(kernel, *args, **kwargs)
 
         return run
+
+
+def _backend_flags() -> dict[str, Any]:
+    """The global torch settings a candidate could change and every later call would inherit."""
+    return {"matmul_tf32": torch.backends.cuda.matmul.allow_tf32, "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark, "precision": torch.get_float32_matmul_precision(),
+            "dtype": torch.get_default_dtype()}
+
+
+def _restore_backends(flags: dict[str, Any]) -> None:
+    torch.set_float32_matmul_precision(flags["precision"])  # first: it sets the TF32 flag too
+    torch.backends.cuda.matmul.allow_tf32 = flags["matmul_tf32"]
+    torch.backends.cudnn.allow_tf32 = flags["cudnn_tf32"]
+    torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
+    torch.set_default_dtype(flags["dtype"])
 
 
 @contextlib.contextmanager

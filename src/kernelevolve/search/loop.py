@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate.result import Baseline, Result, ScreenResult
+from kernelevolve.evaluate.result import Baseline, Result, ScreenResult, Status
 from kernelevolve.problem import Problem
 from kernelevolve.propose.base import ProposalContext, Proposer
 from kernelevolve.rows import Experience, Node
@@ -161,7 +161,7 @@ class _Loop:
         made while evaluations were in flight came back empty, the next waits for a new result: proposers that
         build on results (tuning around the best) may have more to offer once those are in."""
         if self.proposing is None and not self.exhausted and self.empty_at != self.recorded:
-            self.asked_at = (self.recorded, bool(self.in_flight))
+            self.asked_at = (self.recorded, bool(self.busy()))
             self.proposing = self.proposal_thread.submit(self.propose, list(self.history))
 
     def propose(self, history: list[Node]) -> list[Candidate]:
@@ -210,7 +210,9 @@ class _Loop:
                     return False
                 self.ask()
                 return None
-        if self.screen_on() and self.evals_left() > 0:
+        if self.screen_on():
+            if self.evals_left() <= 0:
+                return None  # the batches being screened will want the judge evaluations left
             return self.submit_batch()
         node = self.take()
         if isinstance(node, Node):
@@ -250,22 +252,40 @@ class _Loop:
             if isinstance(node, Node):
                 batch.append(node)
         if batch:
-            sent = time.monotonic()
-            self.screening[self.pool.screen([n.candidate() for n in batch])] = (batch, sent)
+            self.send_batch(batch)
             return True
         return self.repeats < MAX_REPEATS
+
+    def send_batch(self, batch: list[Node]) -> None:
+        sent = time.monotonic()
+        self.screening[self.pool.screen([n.candidate() for n in batch])] = (batch, sent)
+
+    def _screened(self, fut: Future[list[ScreenResult]], nodes: list[Node]) -> list[ScreenResult]:
+        """The batch's results; a batch whose screen failed as a whole was not screened (each goes to the judge)."""
+        try:
+            results = fut.result()
+            if len(results) == len(nodes):
+                return results
+            reason = f"the screen returned {len(results)} results for {len(nodes)} candidates"
+        except Exception as e:  # the executor's own failure, not the candidates'
+            reason = f"{type(e).__name__}: {e}"
+        log.warning("a screen batch failed: %s; its candidates go to the judge", reason)
+        return [ScreenResult(Status.RUNTIME_ERROR, f"not screened: {reason}", harness=True)] * len(nodes)
 
     def _record_screen(self, nodes: list[Node], results: list[ScreenResult]) -> None:
         """Store what the screen found and send the fastest of the batch on to the judge: the first batch's best
         always, a later batch's only where the screen timed them near the fastest kernel the judge has verified."""
-        self.screened += len(nodes)
-        passed = [(n, r) for n, r in zip(nodes, results) if r.ok]
+        unscreened = [n for n, r in zip(nodes, results) if r.harness]  # the screen's own failure: to the judge
+        pairs = [(n, r) for n, r in zip(nodes, results) if not r.harness]
+        self.screened += len(pairs)
+        passed = [(n, r) for n, r in pairs if r.ok]
         passed.sort(key=lambda nr: math.inf if nr[1].ms is None else nr[1].ms)  # untimed last, in proposal order
         bar = self.screen_bar()
-        chosen = [n.id for n, r in passed[:self.cfg.finalists]
+        room = max(0, self.cfg.max_evals - self.evaluated - len(self.in_flight) - len(self.finalists))
+        chosen = [n.id for n, r in passed[:min(self.cfg.finalists, room)]
                   if bar is None or r.ms is None or r.ms <= bar * (1 + FINALIST_SLACK)]
         sent = {}
-        for node, result in zip(nodes, results):
+        for node, result in pairs:
             finalist = node.id in chosen
             self.store.save_screen(node.id, result, finalist)
             node = replace(node, screen=result, finalist=finalist)
@@ -273,10 +293,11 @@ class _Loop:
             if finalist:
                 sent[node.id] = node
         self.finalists.extend(sent[i] for i in chosen)  # the fastest first
-        if not chosen:
+        self.finalists.extend(unscreened)
+        if pairs and not chosen:
             self.since_best += 1
         if self.on_screen:
-            self.on_screen(len(nodes), len(chosen))
+            self.on_screen(len(pairs), len(chosen))
 
     def screen_bar(self) -> float | None:
         """The fastest screen time among the nodes the judge verified (None before the first)."""
@@ -318,10 +339,17 @@ class _Loop:
                 self._record(node, node.result.with_baseline(self.baseline), save=False)
 
     def resume_pending(self) -> None:
-        """Judge again what a killed run left pending: finalists, and nodes added without a screen verdict."""
-        for node in self.history:
-            if node.result is None and not node.screened_out:
-                self.in_flight[self.pool.submit(node.candidate())] = node
+        """Take up what a killed run left pending: its finalists go to the judge, the nodes it had not screened yet
+        to the screen again (to the judge when the screen is off)."""
+        pending = [n for n in self.history if n.result is None and not n.screened_out]
+        if self.screen_on():
+            self.finalists.extend(n for n in pending if n.finalist)
+            fresh = [n for n in pending if not n.finalist]
+            for i in range(0, len(fresh), self.cfg.screen_batch):
+                self.send_batch(fresh[i:i + self.cfg.screen_batch])
+            return
+        for node in pending:
+            self.in_flight[self.pool.submit(node.candidate())] = node
 
     def run(self) -> SearchOutcome:
         try:
@@ -375,7 +403,7 @@ class _Loop:
                 elif fut in self.screening:
                     batch, sent = self.screening.pop(fut)
                     self.screen_s += time.monotonic() - sent
-                    self._record_screen(batch, fut.result())
+                    self._record_screen(batch, self._screened(fut, batch))
                 else:
                     node = self.in_flight.pop(fut)
                     self._record(node, fut.result().with_baseline(self.baseline))

@@ -1,0 +1,40 @@
+"""The screen on a GPU: Triton candidates compiled in parallel check processes, timed with CUDA events, and a
+candidate that poisons the CUDA context failing alone."""
+import pytest
+import torch
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate import Status
+from kernelevolve.evaluate.screen import ScreenConfig, Screener
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+# a Triton store far outside any allocation: an illegal address, which leaves the process's CUDA context unusable
+POISON = '''
+import torch, torch.nn as nn, triton, triton.language as tl
+
+@triton.jit
+def _bad(y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs + (1 << 40), tl.zeros([BLOCK], dtype=tl.float32), mask=offs < n)
+
+class ModelNew(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(dim))
+        self.bias = nn.Parameter(torch.randn(dim))
+    def forward(self, x):
+        y = torch.empty_like(x)
+        _bad[(1,)](y, y.numel(), BLOCK=128)
+        return y
+'''
+
+
+def test_the_screen_on_the_gpu(new_evaluator, candidate):
+    ev = new_evaluator("problem_scale.py", device="cuda")
+    batch = [candidate("genuine_triton"), Candidate(POISON), candidate("genuine_torch"), candidate("wrong_output")]
+    results = Screener(ev, ScreenConfig(timeout_s=120.0, parallel=1)).screen(batch)  # in order, one process
+    assert results[0].ok and results[0].ms is not None and results[0].first_call_s is not None, results
+    assert results[1].status in (Status.RUNTIME_ERROR, Status.CRASHED), results[1]
+    assert results[2].ok and results[2].ms is not None, results  # after the poisoned one, in a fresh process
+    assert results[3].status is Status.INCORRECT
