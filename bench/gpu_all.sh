@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root: any of the GPU test suite, the experience benchmark and the benchmark suite,
 # each writing its logs and JSON under $OUT and printing a short summary last.
-# Usage: OUT=dir STEPS="tests experience suite throughput" BUDGET=40 PAIRS="softmax_bf16 ..." PROBLEMS="..." \
-#        EVALS=16 TESTS="tests/gpu" bash bench/gpu_all.sh
+# Usage: OUT=dir STEPS="tests screen experience suite throughput" BUDGET=40 PAIRS="softmax_bf16 ..." PROBLEMS="..." \
+#        EVALS=16 TESTS="tests/gpu" CONFIGS=240 bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 OUT="${OUT:-bench/results/gpu}"
@@ -23,12 +23,16 @@ for step in ${STEPS:-tests experience}; do
       # shellcheck disable=SC2086
       python3 bench/suite.py --device cuda --gpus "$GPUS" --budget-s "${BUDGET:-40}" --out-dir "$OUT/suite" \
         --json "$OUT/suite.json" ${PROBLEMS:+--problems $PROBLEMS} 2>&1 | tee "$OUT/suite.log" | tail -40 ;;
+    screen)
+      # shellcheck disable=SC2086
+      python3 bench/screen.py --device cuda --problems ${PROBLEMS:-layernorm_fp32 rmsnorm_residual_bf16 softmax_bf16} \
+        --configs "${CONFIGS:-240}" --json "$OUT/screen.json" 2>&1 | tee "$OUT/screen.log" | tail -8 ;;
     throughput)
       # shellcheck disable=SC2086
       python3 bench/throughput.py --device cuda --workers 1 "$GPUS" --problems ${PROBLEMS:-softmax_bf16} \
         --proposer "${PROPOSER:-template}" --evals "${EVALS:-16}" --out-dir "$OUT/throughput" \
         --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log" | tail -12 ;;
-    *) echo "unknown step $step (tests, experience, suite, throughput)"; exit 2 ;;
+    *) echo "unknown step $step (tests, screen, experience, suite, throughput)"; exit 2 ;;
   esac
 done
 rm -rf "$OUT/experience"/*/ "$OUT/suite"/*/ "$OUT/throughput" "$OUT"/*/*.db* 2>/dev/null  # keep what comes back small: JSON and logs

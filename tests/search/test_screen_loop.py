@@ -160,3 +160,25 @@ def test_a_resumed_run_screens_what_it_had_not_screened(store, problem):
     out = search(store, run_id, problem, FakeProposer([]), pool, max_evals=10, screen_batch=4, finalists=1)
     assert pool.batches == [[src(f"p{i}", 9.0 - i) for i in range(3)]]
     assert pool.submitted == [src("p2", 7.0)] and out.screened == 3 and out.evaluations == 1
+
+
+def test_the_proposer_holding_the_fastest_kernel_is_asked_for_more():
+    from kernelevolve.evaluate.result import Result, Timing
+    from kernelevolve.search.loop import proposer_promise
+    from tests.factories import make_node
+
+    def judged(i, proposer, ms):
+        return make_node(i, Result(Status.OK, "verified", timing=Timing.from_samples([ms], "perf_counter"),
+                                   timed=True), proposer=proposer)
+
+    def screened(i, proposer, status=Status.OK, ms=1.0):
+        return make_node(i, None, proposer=proposer, screen=ScreenResult(status, "x", ms=ms))
+
+    names = ["template", "inductor"]
+    assert proposer_promise([], names, 4) == {"template": 1.0, "inductor": 1.0}
+    history = [judged(1, "template", 5.0), judged(2, "inductor", 3.0), screened(3, "template", ms=0.1)]
+    assert proposer_promise(history, names, 4) == {"template": 1.0, "inductor": 2.0}  # the judge's time first
+    only_screened = [screened(1, "template", ms=2.0), screened(2, "inductor", ms=1.0)]
+    assert proposer_promise(only_screened, names, 4)["inductor"] == 2.0
+    failing = [screened(i, "inductor", Status.COMPILE_ERROR) for i in range(8)] + [judged(9, "template", 1.0)]
+    assert proposer_promise(failing, names, 4) == {"template": 2.0, "inductor": 0.5}

@@ -40,7 +40,7 @@ from kernelevolve.problem import input_specs
 log = logging.getLogger(__name__)
 
 # Check processes at most, whatever the cores: each holds a CUDA context and a set of inputs on the device.
-MAX_PARALLEL = 8
+MAX_PARALLEL = 16
 # Device memory a check process needs besides its inputs and outputs (its CUDA context, allocator slack).
 PROCESS_BYTES = 1 << 30
 # Failures after which a process stays in use: what the candidate left behind, the next candidate's load finds.

@@ -45,6 +45,30 @@ def rank_experience(entries: list[Experience], profile: Profile | None) -> list[
     return sorted(entries, key=key)
 
 
+def proposer_promise(history: list[Node], names: list[str], per: int) -> dict[str, float]:
+    """How much of the next ask each proposer gets, against its weight: twice for the one whose kernel is the run's
+    fastest (by the judge, else by the screen), half for one whose last ``2 * per`` candidates all failed."""
+    def ms(n: Node) -> float | None:
+        if n.runtime_ms is not None:
+            return n.runtime_ms
+        return n.screen.ms if n.result is None and n.screen is not None and n.screen.ok else None
+
+    out = dict.fromkeys(names, 1.0)
+    timed = [n for n in history if ms(n) is not None]
+    judged = [n for n in timed if n.runtime_ms is not None]
+    pool = judged or timed
+    if pool:
+        leader = min(pool, key=lambda n: ms(n)).proposer
+        if leader in out and len(names) > 1:
+            out[leader] = 2.0
+    for name in names:
+        mine = [n for n in history if n.proposer == name and (n.result is not None or n.screen is not None)]
+        recent = mine[-2 * per:]
+        if len(recent) >= 2 * per and not any(n.ok or (n.screen is not None and n.screen.ok) for n in recent):
+            out[name] = min(out[name], 0.5)
+    return out
+
+
 @dataclass(frozen=True)
 class SearchConfig:
     max_evals: int = 20
@@ -173,11 +197,13 @@ class _Loop:
         parents = self.selector.select(history, 1)
         wanted = self.cfg.screen_batch if self.screen_on() else self.pool.workers
         per = max(1, math.ceil(wanted / len(self.proposers)))
+        promise = proposer_promise(history, [p.name for p in self.proposers], per)
         out: list[Candidate] = []
         for proposer in self.proposers:
             ctx = ProposalContext(self.problem, self.device, self.profile, history, parents,
                                   self.experience.get(proposer.name, []))
-            out.extend(proposer.propose(ctx, per * getattr(proposer, "weight", 1)))
+            n = max(1, round(per * getattr(proposer, "weight", 1) * promise[proposer.name]))
+            out.extend(proposer.propose(ctx, n))
         return out
 
     def take_proposal(self) -> None:
