@@ -166,12 +166,13 @@ class Evaluator:
     def _same_shapes_seed(self, seed: int, shape: int, gpu: int | None) -> int | None:
         """A fresh seed whose inputs have the shapes ``seed`` drew, for the re-call into the same buffers. Only
         problems whose shapes change from draw to draw (jagged totals) need more than one try."""
-        if self._varying is None:
-            first = self._input_shapes(seed, shape, gpu)
-            self._varying = any(self._input_shapes(fresh_seed(), shape, gpu) != first for _ in range(2))
-        if not self._varying:
-            return fresh_seed()
         want = self._input_shapes(seed, shape, gpu)
+        if not self._varying:  # every draw so far had one shape: checked all the same, since a few equal draws
+            s = fresh_seed()    # of a jagged problem (totals from a small range) do not prove the shapes fixed
+            if self._input_shapes(s, shape, gpu) == want:
+                self._varying = False
+                return s
+            self._varying = True
         for _ in range(SAME_SHAPE_TRIES):
             s = fresh_seed()
             if self._input_shapes(s, shape, gpu) == want:
