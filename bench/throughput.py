@@ -50,7 +50,8 @@ def one_point(args: argparse.Namespace) -> dict[str, Any]:
     path = problem_path(args.problems[0], args.small, work / "problem")
     cfg = OptimizeConfig(device=args.device, proposers=tuple(args.proposer.split(",")), max_evals=args.evals,
                          stall=None, workers=args.workers[0], timing_budget_ms=args.timing_budget_ms,
-                         executor=args.executor[0], ray_address=args.ray_address)
+                         executor=args.executor[0], ray_address=args.ray_address,
+                         screen_batch=0)  # the judge's throughput, every candidate judged; bench/screen.py: the screen's
     marks: dict[str, float] = {}
 
     def on_stage(stage: str) -> None:
