@@ -102,17 +102,20 @@ def make_inputs(module: ModuleType, seed: int, shape_index: int = 0, device: str
     return to_device(inputs, device) if device is not None else inputs
 
 
-def input_specs(module: ModuleType, seed: int, shape_index: int = 0,
-                device: str | None = None) -> list[tuple[tuple[int, ...], torch.dtype] | None]:
+def input_specs(module: ModuleType, seed: int, shape_index: int = 0, device: str | None = None,
+                meta_only: bool = False) -> list[tuple[tuple[int, ...], torch.dtype] | None] | None:
     """(shape, dtype) of each input drawn with ``seed`` (None for a non-tensor), without making the data where the
     shapes do not depend on it: drawn on the meta device first, which costs nothing at any size; a ``get_inputs()``
-    whose sizes come from its random values (jagged totals) cannot run there and is drawn for real."""
+    whose sizes come from its random values (jagged totals) cannot run there and is drawn for real (or, with
+    ``meta_only``, not at all: None)."""
     try:
         with _RNG_LOCK, torch.device("meta"):
             values = _draw(module, seed, shape_index)
         if not all(v.device.type == "meta" for v in values if isinstance(v, torch.Tensor)):
             raise ValueError("drawn off the meta device")
     except Exception:  # the user's get_inputs(): it may need real values
+        if meta_only:
+            return None
         values = make_inputs(module, seed, shape_index, device)
     return [(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else None for v in values]
 

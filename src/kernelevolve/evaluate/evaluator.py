@@ -45,6 +45,8 @@ _MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroD
 
 
 SAME_SHAPE_TRIES = 64
+# Draws beyond the first whose shapes must all agree before a problem's shapes count as fixed.
+VARYING_DRAWS = 6
 
 
 def fresh_seed() -> int:
@@ -167,10 +169,13 @@ class Evaluator:
         """A fresh seed whose inputs have the shapes ``seed`` drew, for the re-call into the same buffers. Only
         problems whose shapes change from draw to draw (jagged totals) need more than one try."""
         want = self._input_shapes(seed, shape, gpu)
-        if not self._varying:  # every draw so far had one shape: checked all the same, since a few equal draws
-            s = fresh_seed()    # of a jagged problem (totals from a small range) do not prove the shapes fixed
-            if self._input_shapes(s, shape, gpu) == want:
-                self._varying = False
+        if self._varying is None:  # a jagged problem's totals from a small range repeat by chance: many draws
+            self._varying = any(self._input_shapes(fresh_seed(), shape, gpu) != want for _ in range(VARYING_DRAWS))
+        if not self._varying:
+            s = fresh_seed()
+            if input_specs(self.module, s, shape, meta_only=True) is None:
+                return s  # drawn only for real: as many draws as VARYING_DRAWS said the shapes are fixed
+            if self._input_shapes(s, shape, gpu) == want:  # on the meta device: checked every time, at no cost
                 return s
             self._varying = True
         for _ in range(SAME_SHAPE_TRIES):
