@@ -182,3 +182,13 @@ def test_the_proposer_holding_the_fastest_kernel_is_asked_for_more():
     assert proposer_promise(only_screened, names, 4)["inductor"] == 2.0
     failing = [screened(i, "inductor", Status.COMPILE_ERROR) for i in range(8)] + [judged(9, "template", 1.0)]
     assert proposer_promise(failing, names, 4) == {"template": 2.0, "inductor": 0.5}
+
+
+def test_a_budget_spent_screening_still_buys_a_judged_evaluation(store, problem):
+    """The first batch alone outlasts the budget: its finalist is still judged, and the run has a best."""
+    run_id = new_run(store, problem)
+    pool = ScreeningPool(screen_s=0.3)
+    out = search(store, run_id, problem, FakeProposer([src(f"c{i}", 5.0 + i) for i in range(4)]), pool,
+                 max_evals=10, screen_batch=4, finalists=1, time_budget_s=0.1)
+    assert len(pool.batches) == 1 and pool.submitted == [src("c0", 5.0)]
+    assert out.evaluations == 1 and out.best is not None and "time-budget" in out.stop_reason

@@ -162,9 +162,8 @@ class _Loop:
         if self.evaluated + len(self.in_flight) >= cfg.max_evals:
             return f"reached --max-evals {cfg.max_evals}"
         # The budget buys search: its clock starts with the first proposal, and it never ends a search before the
-        # first evaluation.
-        if cfg.time_budget_s is not None and self.start is not None \
-                and self.evaluated + len(self.in_flight) + self.screened + self.screening_count() > 0 \
+        # first judged evaluation (past the screen's share of it, candidates go to the judge directly).
+        if cfg.time_budget_s is not None and self.start is not None and self.evaluated + len(self.in_flight) > 0 \
                 and time.monotonic() - self.start >= cfg.time_budget_s:
             return f"reached --time-budget {cfg.time_budget_s:g} s"
         if cfg.target_speedup is not None and self.best_speedup() >= cfg.target_speedup:
