@@ -10,29 +10,31 @@ from kernelevolve.evaluate.screen import ScreenConfig, Screener
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 # a Triton store far outside any allocation: an illegal address, which leaves the process's CUDA context unusable
-POISON = '''
-import torch, torch.nn as nn, triton, triton.language as tl
+POISON_KERNEL = """
+import triton
+import triton.language as tl
+
 
 @triton.jit
 def _bad(y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     tl.store(y_ptr + offs + (1 << 40), tl.zeros([BLOCK], dtype=tl.float32), mask=offs < n)
+"""
 
-class ModelNew(nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.scale = nn.Parameter(torch.randn(dim))
-        self.bias = nn.Parameter(torch.randn(dim))
-    def forward(self, x):
-        y = torch.empty_like(x)
-        _bad[(1,)](y, y.numel(), BLOCK=128)
-        return y
-'''
+
+def _poison(candidate) -> Candidate:
+    """The genuine candidate, its forward replaced by a launch of the illegal store."""
+    source = candidate("genuine_torch").source
+    body = "        return torch.addcmul(self.bias, x, self.scale).clamp_min_(0)\n"
+    assert body in source
+    return Candidate(POISON_KERNEL + source.replace(body, "        y = torch.empty_like(x)\n"
+                                                          "        _bad[(1,)](y, y.numel(), BLOCK=128)\n"
+                                                          "        return y\n"))
 
 
 def test_the_screen_on_the_gpu(new_evaluator, candidate):
     ev = new_evaluator("problem_scale.py", device="cuda")
-    batch = [candidate("genuine_triton"), Candidate(POISON), candidate("genuine_torch"), candidate("wrong_output")]
+    batch = [candidate("genuine_triton"), _poison(candidate), candidate("genuine_torch"), candidate("wrong_output")]
     results = Screener(ev, ScreenConfig(timeout_s=120.0, parallel=1)).screen(batch)  # in order, one process
     assert results[0].ok and results[0].ms is not None and results[0].first_call_s is not None, results
     assert results[1].status in (Status.RUNTIME_ERROR, Status.CRASHED), results[1]
