@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import mmap
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -276,9 +277,11 @@ class Child:
             raise ChildTimeout()
         raise ChildDied(self._exitcode())
 
-    def _read_blob(self, header: dict[str, Any]) -> bytearray:
+    def _read_blob(self, header: dict[str, Any]) -> bytearray | memoryview:
         """A blob the child wrote to a file in this evaluation's blob folder: only a name of the expected form, inside
-        that folder, and exactly the size the header gives."""
+        that folder, and exactly the size the header gives. The file is mapped, not read: in /dev/shm its pages are
+        memory already, and a private mapping is writable without a copy (outputs of many GB would otherwise be held
+        twice in host memory, the file's and the copy's)."""
         name, size = str(header.pop("blob_file")), int(header.pop("blob_bytes", -1))
         if not self.blob_dir or not re.fullmatch(r"\d+-\d+\.bin", name):
             return bytearray()
@@ -289,12 +292,16 @@ class Child:
                 st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode):
                     return bytearray()
-                data = bytearray(st.st_size)
-                f.readinto(data)
+                if st.st_size != size:
+                    return bytearray()
+                if size == 0:
+                    data: bytearray | memoryview = bytearray()
+                else:
+                    data = memoryview(mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE))
             os.unlink(path)
-        except OSError:
+        except (OSError, ValueError):
             return bytearray()
-        return data if len(data) == size else bytearray()
+        return data
 
     def _exitcode(self) -> int | None:
         self.proc.join(timeout=2.0)
