@@ -173,10 +173,9 @@ class Evaluator:
             self._varying = any(self._input_shapes(fresh_seed(), shape, gpu) != want for _ in range(VARYING_DRAWS))
         if not self._varying:
             s = fresh_seed()
-            if input_specs(self.module, s, shape, meta_only=True) is None:
-                return s  # drawn only for real: as many draws as VARYING_DRAWS said the shapes are fixed
-            if self._input_shapes(s, shape, gpu) == want:  # on the meta device: checked every time, at no cost
-                return s
+            specs = input_specs(self.module, s, shape, meta_only=True)
+            if specs is None or specs == want:  # drawn only for real: VARYING_DRAWS said the shapes are fixed;
+                return s                        # else on the meta device, checked every time at no cost
             self._varying = True
         for _ in range(SAME_SHAPE_TRIES):
             s = fresh_seed()
