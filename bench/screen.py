@@ -38,7 +38,7 @@ def sample_configs(proposer: Any, plan: Any, n: int, seed: int) -> list[tuple[st
 
     rng = random.Random(seed)
     default = {r.key: r.default() for r in plan.regions}
-    out, seen, tries = [], set(), 0
+    out, seen, kernels, tries = [], set(), set(), 0
     genome = default
     while len(out) < n and tries < 20 * n:
         tries += 1
@@ -47,7 +47,11 @@ def sample_configs(proposer: Any, plan: Any, n: int, seed: int) -> list[tuple[st
             seen.add(key)
             label = "defaults" if genome is default else f"sample {len(out)}"
             source = proposer.render(plan, genome, label)
-            if source is not None:
+            # distinct kernels: genomes that clip to the same launch (a persistent row ignores BLOCK_C) would
+            # compile once and count many times
+            kernel = None if source is None else source.replace(f"({label})", "")
+            if kernel is not None and kernel not in kernels:
+                kernels.add(kernel)
                 out.append((label, source))
         genome = {r.key: {k: rng.choice(v) for k, v in r.space.items()} for r in plan.regions}
     return out
@@ -79,13 +83,16 @@ def run_problem(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"screen-{path.stem}-"))
     ev = Evaluator(problem, EvalConfig(device=args.device, timeout_s=args.timeout,
                                        timing=TimingConfig(budget_ms=args.timing_budget_ms)), work)
-    screener = Screener(ev, ScreenConfig(timeout_s=args.timeout, parallel=args.parallel))
+    screener = Screener(ev, ScreenConfig(timeout_s=args.timeout, template_timeout_s=args.template_timeout,
+                                         parallel=args.parallel))
     results, t0 = [], time.monotonic()
     for i in range(0, len(cands), args.batch):
         results += screener.screen(cands[i:i + args.batch])
         done = len(results)
         print(f"  {path.stem}: screened {done}/{len(cands)} in {time.monotonic() - t0:.1f} s", flush=True)
     wall = time.monotonic() - t0
+    stages = list(screener.stats)
+    compiles = sorted(r.first_call_s for r in results if r.first_call_s is not None)
     statuses: dict[str, int] = {}
     for r in results:
         statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
@@ -99,6 +106,10 @@ def run_problem(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     return dict(row, configs=len(cands), screened=len(results), statuses=statuses, screen_wall_s=round(wall, 2),
                 per_gpu_minute=round(len(results) / wall * 60, 1) if wall > 0 else None,
                 fastest_screen_ms=timed[0][0] if timed else None, judged=judged,
+                stage_s={k: round(sum(b[k] for b in stages), 2) for k in ("reference_s", "check_s", "time_s")},
+                batches=stages, first_call_s=dict(
+                    median=statistics.median(compiles) if compiles else None, max=compiles[-1] if compiles else None,
+                    over_10s=sum(c > 10 for c in compiles)),
                 median_judge_over_screen=statistics.median(j / s for s, j in pairs) if pairs else None,
                 spearman=spearman(pairs))
 
@@ -112,6 +123,7 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, help="check processes (default: from the cores and device memory)")
     ap.add_argument("--judge", type=int, default=5, help="fastest by screen time to judge as well")
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--template-timeout", type=float, default=30.0, help="a template candidate's, on the GPU")
     ap.add_argument("--timing-budget-ms", type=float, default=300.0, help="the judge's")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--small", action="store_true", help="the problems at their SMALL sizes (for the CPU)")
@@ -145,6 +157,10 @@ def main() -> int:
         print(f"{r['problem']:<28} {r['screened']:>7} {fmt(r['per_gpu_minute'], '.1f'):>11} "
               f"{fmt(r['fastest_screen_ms'], '.4g'):>10} {fmt(r['median_judge_over_screen'], '.3f'):>12} "
               f"{fmt(r['spearman'], '.2f'):>9}  {r['statuses']}")
+        st, fc = r["stage_s"], r["first_call_s"]
+        print(f"{'':<28} reference {st['reference_s']:.1f} s, check {st['check_s']:.1f} s, time {st['time_s']:.1f} s;"
+              f" first call median {fmt(fc['median'], '.2f')} s, max {fmt(fc['max'], '.1f')} s, "
+              f"{fc['over_10s']} over 10 s")
     return 0
 
 

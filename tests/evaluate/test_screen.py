@@ -80,3 +80,37 @@ def test_the_deadline_runs_only_while_the_child_works(screener, candidate, monke
     results = one.screen([candidate("genuine_torch"), candidate("genuine_torch").__class__(
         candidate("genuine_torch").source + "\n# another source\n")])
     assert [r.status for r in results] == [Status.OK, Status.OK], results
+
+
+def _logging(candidate, log, name: str, sleep_s: float = 0.0) -> Candidate:
+    """The genuine candidate, which writes its name and process id to ``log`` when it is imported."""
+    source = candidate("genuine_torch").source
+    return Candidate(f"import os as _os, time as _time\nwith open({str(log)!r}, 'a') as _f:\n"
+                     f"    _f.write('{name} ' + str(_os.getpid()) + '\\n')\n_time.sleep({sleep_s})\n" + source)
+
+
+def test_a_slow_candidate_holds_up_one_process_not_a_share_of_the_batch(screener, candidate, tmp_path):
+    """The check processes take candidates from one queue: while one compiles a slow candidate, the other checks
+    every other candidate of the batch."""
+    log = tmp_path / "imports.txt"
+    cands = [_logging(candidate, log, "slow", 8.0)] + [_logging(candidate, log, f"c{i}") for i in range(4)]
+    results = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=2)).screen(cands)
+    assert all(r.ok for r in results), results
+    first: dict[str, str] = {}  # the check stage imports each first; the time stage again, in one process
+    for line in log.read_text().split("\n"):
+        if line:
+            name, pid = line.split()
+            first.setdefault(name, pid)
+    others = {first[f"c{i}"] for i in range(4)}
+    assert first["slow"] not in others and len(others) == 1, first
+
+
+def test_a_template_candidate_gets_the_shorter_deadline_on_the_gpu(screener):
+    from types import SimpleNamespace
+
+    cfg = ScreenConfig(timeout_s=120.0, template_timeout_s=30.0)
+    on_gpu = Screener(SimpleNamespace(config=SimpleNamespace(device="cuda")), cfg)
+    on_cpu = Screener(SimpleNamespace(config=SimpleNamespace(device="cpu")), cfg)
+    template, inductor = Candidate("x = 1\n", proposer="template"), Candidate("x = 1\n", proposer="inductor")
+    assert on_gpu._deadline(template) == 30.0 and on_gpu._deadline(inductor) == 120.0
+    assert on_cpu._deadline(template) == 120.0  # the CPU interpreter runs template kernels slowly

@@ -192,3 +192,31 @@ def test_a_budget_spent_screening_still_buys_a_judged_evaluation(store, problem)
                  max_evals=10, screen_batch=4, finalists=1, time_budget_s=0.1)
     assert len(pool.batches) == 1 and pool.submitted == [src("c0", 5.0)]
     assert out.evaluations == 1 and out.best is not None and "time-budget" in out.stop_reason
+
+
+class NamedProposer(FakeProposer):
+    def __init__(self, name: str, sources: list[str], weight: int = 1):
+        super().__init__(sources)
+        self.name, self.weight = name, weight
+
+
+def test_a_batch_holds_one_proposers_candidates_sized_by_its_weight(store, problem):
+    """Template candidates are not held up by Inductor's slow compiles: each batch is one proposer's, and the slower
+    proposer's batches are smaller by its weight against the heaviest."""
+    from kernelevolve.search import GreedySelector
+    from kernelevolve.search.loop import SearchConfig, run_search
+    from tests.search.test_loop import BASELINE
+
+    run_id = new_run(store, problem)
+    fast = NamedProposer("template", [src(f"t{i}", 5.0 + i) for i in range(6)], weight=3)
+    slow = NamedProposer("inductor", [src(f"i{i}", 9.0 + i) for i in range(6)], weight=1)
+    pool = ScreeningPool()
+    cfg = SearchConfig(max_evals=20, stall=None, screen_batch=6, finalists=1)
+    run_search(store, run_id, problem, "cpu", "cpu", pool, [fast, slow], GreedySelector(), cfg, BASELINE, None, None)
+    families = [{s[2] for s in batch} for batch in pool.batches]  # "# t0 ..." -> "t"
+    assert all(len(f) == 1 for f in families), families
+    sizes = {"t": [], "i": []}
+    for f, batch in zip(families, pool.batches):
+        sizes[f.pop()].append(len(batch))
+    assert max(sizes["t"]) == 6 and max(sizes["i"]) == 2, sizes
+    assert sum(sizes["t"]) == 6 and sum(sizes["i"]) == 6, sizes

@@ -152,3 +152,37 @@ def test_a_sibling_reading_the_same_input_joins_the_kernel(tmp_path):
     m = _one(g)
     assert len(m.outputs) == 2
     run_match(RowReduceTemplate(), g, m, {"PERSISTENT": False, "BLOCK_C": 64})
+
+
+WIDE_ROWS = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, -1)
+def get_inputs(): return [torch.randn(64, 4096)]
+def get_init_inputs(): return []
+"""
+
+
+def test_a_tile_that_would_spill_is_not_rendered_and_the_region_stays_usable(tmp_path):
+    """16 x 4096 values on one warp would be 2048 a thread: not worth ptxas's minutes. The proposer skips that
+    configuration only; the defaults and a tile that fits still render."""
+    from kernelevolve.problem import load_problem
+    from kernelevolve.propose.template import TemplateProposer
+    from kernelevolve.templates.base import HopelessConfig
+
+    g = captured(tmp_path, WIDE_ROWS)
+    m = _one(g)
+    spills = {"PERSISTENT": False, "BLOCK_R": 16, "BLOCK_C": 4096, "num_warps": 1, "num_stages": 1}
+    with pytest.raises(HopelessConfig, match="values per thread"):
+        RowReduceTemplate().render(m, spills, "k_spills")
+    run_match(RowReduceTemplate(), g, m, dict(spills, num_warps=16))  # 128 a thread: rendered, and right
+
+    path = tmp_path / "wide.py"
+    path.write_text(WIDE_ROWS)
+    proposer = TemplateProposer("cpu", seed=0)
+    plan = proposer.plan(load_problem(path))
+    (region,) = plan.regions
+    assert proposer.render(plan, {region.key: dict(region.default(), **spills)}, "spills") is None
+    assert not proposer.broken
+    assert proposer.render(plan, {region.key: region.default()}, "defaults") is not None

@@ -21,6 +21,7 @@ import math
 import os
 import statistics
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -52,6 +53,7 @@ _UNFIT = "unfit"
 @dataclass(frozen=True)
 class ScreenConfig:
     timeout_s: float = 120.0  # per candidate and stage: a compile with autotuning takes tens of seconds
+    template_timeout_s: float = 30.0  # a template candidate's, on the GPU: one configuration compiles in seconds
     parallel: int | None = None  # check processes; None: from the CPU cores and the free device memory
     timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_ms=25.0, warmup_ms=5.0, min_reps=3,
                                                                       max_reps=100))
@@ -67,6 +69,8 @@ class Screener:
 
     def __init__(self, evaluator: Evaluator, config: ScreenConfig | None = None):
         self.evaluator, self.config = evaluator, config or ScreenConfig()
+        # where each recent batch's wall time went: candidates, check processes, seconds in each stage
+        self.stats: deque[dict[str, float]] = deque(maxlen=256)
 
     def screen(self, candidates: list[Candidate], gpu: int | None = None,
                on_screened: OnScreened | None = None) -> list[ScreenResult]:
@@ -89,6 +93,7 @@ class Screener:
     def _screen(self, candidates: list[Candidate], paths: list[str], gpu: int | None,
                 on_screened: OnScreened | None) -> list[ScreenResult]:
         ev, n = self.evaluator, len(candidates)
+        began = time.monotonic()
         seed = fresh_seed()
         ev._release_cache(gpu)
         ref = ev._reference_with_room(seed, 0, gpu)
@@ -100,10 +105,9 @@ class Screener:
             return self._check_one(child, paths[i], seed, ref, exact, gpu)
 
         parallel = self._parallel(n, ref, gpu)
-        slices = [list(range(k, n, parallel)) for k in range(parallel)]
-        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="kernelevolve-screen") as pool:
-            for out in pool.map(lambda s: self._stage("check", s, check, gpu), slices):
-                checked.update(out)
+        checking = time.monotonic()
+        checked.update(self._stage_all("check", list(range(n)), check, gpu, candidates, parallel))
+        timing_at = time.monotonic()
         for i in range(n):
             if on_screened is not None and not checked[i].ok:
                 on_screened(i, checked[i])
@@ -116,7 +120,10 @@ class Screener:
             def time_one(child: Child, i: int) -> ScreenResult:
                 return self._time_one(child, paths[i], seeds, checked[i])
 
-            results.update(self._stage("time", timed, time_one, gpu))
+            results.update(self._stage_all("time", timed, time_one, gpu, candidates, 1))
+        done = time.monotonic()
+        self.stats.append({"candidates": n, "processes": parallel, "reference_s": checking - began,
+                           "check_s": timing_at - checking, "time_s": done - timing_at, "timed": len(timed)})
         for i in passed:
             if on_screened is not None:
                 on_screened(i, results[i])
@@ -124,13 +131,46 @@ class Screener:
 
 
     # --- stages -----------------------------------------------------------------------------------------------
-    def _stage(self, name: str, indices: list[int], step: Callable[[Child, int], ScreenResult],
-               gpu: int | None) -> dict[int, ScreenResult]:
-        """Run ``step`` for each index in turn in one child, replacing the child after a candidate that may have left
-        it unfit (anything but a compile error or a wrong output), after one that reports it unfit (left behind by
-        an earlier candidate: retried in the fresh child), and after a crash or a hang, which are that candidate's
-        result. The deadline runs only while the child works on a candidate."""
-        todo, out = deque(indices), {}
+    def _stage_all(self, name: str, indices: list[int], step: Callable[[Child, int], ScreenResult], gpu: int | None,
+                   candidates: list[Candidate], processes: int) -> dict[int, ScreenResult]:
+        """Run ``step`` for each index in ``processes`` children at once, which take the next index from one queue as
+        each finishes its last: a candidate that is slow to compile holds up one process, not a share of the batch.
+        What no process could take (the screen's own failure) is marked for the judge."""
+        todo: deque[int] = deque(indices)
+        failures: list[str] = []
+
+        def deadline(i: int) -> float:
+            return self._deadline(candidates[i])
+
+        out: dict[int, ScreenResult] = {}
+        if processes <= 1:
+            out.update(self._stage(name, todo, step, gpu, deadline, failures))
+        else:
+            with ThreadPoolExecutor(max_workers=processes, thread_name_prefix="kernelevolve-screen") as pool:
+                for part in pool.map(lambda _: self._stage(name, todo, step, gpu, deadline, failures),
+                                     range(processes)):
+                    out.update(part)
+        if todo:
+            out.update(self._harness_failure(name, todo, failures[-1] if failures else "no process took them"))
+        return out
+
+    def _deadline(self, candidate: Candidate) -> float:
+        """Seconds a candidate may take in one stage: a template candidate is one configuration, compiled without
+        autotuning; on the GPU, one that takes longer than ``template_timeout_s`` is not worth the wait."""
+        cfg = self.config
+        if candidate.proposer == "template" and self.evaluator.config.device == "cuda":
+            return min(cfg.timeout_s, cfg.template_timeout_s)
+        return cfg.timeout_s
+
+    def _stage(self, name: str, todo: deque[int], step: Callable[[Child, int], ScreenResult], gpu: int | None,
+               deadline: Callable[[int], float], failures: list[str]) -> dict[int, ScreenResult]:
+        """Take indices from ``todo`` (shared with the stage's other processes) and run ``step`` for each in one
+        child, replacing the child after a candidate that may have left it unfit (anything but a compile error or a
+        wrong output), after one that reports it unfit (left behind by an earlier candidate: put back, for a fresh
+        child), and after a crash or a hang, which are that candidate's result. The deadline runs only while the
+        child works on a candidate. A child that fails on its own side stops this process: its candidate goes back
+        to ``todo``, the reason to ``failures``."""
+        out: dict[int, ScreenResult] = {}
         while todo:
             job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
             job["screen_timing"] = asdict(self.config.timing)
@@ -141,23 +181,35 @@ class Screener:
                     _expect(child, "hello")
                     _expect(child, "loaded", send={"cmd": "load"})
                     child.pause()
-                    while todo:
-                        child.renew(self.config.timeout_s)
-                        current = todo[0]
+                    while True:
+                        if child.expired:  # while the parent compared the last outputs: no candidate's doing
+                            raise ChildTimeout()
+                        try:
+                            current = todo.popleft()
+                        except IndexError:
+                            current = None
+                            return out
+                        child.renew(deadline(current))
                         r = step(child, current)
                         child.pause()
-                        current = None
                         if isinstance(r, _Unfit):
+                            todo.appendleft(current)
+                            current = None
                             if not ran:  # a fresh process cannot be unfit: the screen's own failure
-                                return {**out, **self._harness_failure(name, todo, r.reason)}
+                                failures.append(r.reason)
+                                return out
                             break  # again in a fresh process
-                        out[todo.popleft()] = r
+                        out[current] = r
+                        current = None
                         ran += 1
                         if r.status not in _FIT_AFTER and not r.ok:
                             break
             except ChildTimeout:
                 failure = ScreenResult(Status.TIMEOUT, f"no answer within {self.config.timeout_s:g} s in the screen's "
                                                        f"{name} stage; process group killed")
+                if current is not None:
+                    failure = ScreenResult(Status.TIMEOUT, f"no answer within {deadline(current):g} s in the "
+                                                           f"screen's {name} stage; process group killed")
             except ChildDied as e:
                 failure = ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)")
             except _Verdict as v:
@@ -165,18 +217,24 @@ class Screener:
             except _MALFORMED as e:
                 failure = ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})")
             except (torch.OutOfMemoryError, OSError) as e:  # the parent's own side
-                return {**out, **self._harness_failure(name, todo, f"{type(e).__name__}: {str(e)[:200]}")}
+                if current is not None:
+                    todo.appendleft(current)
+                failures.append(f"{type(e).__name__}: {str(e)[:200]}")
+                return out
             else:
                 continue
             if current is None:  # the process failed before or between candidates: no candidate's doing
                 if not ran:
-                    return {**out, **self._harness_failure(name, todo, failure.reason)}
+                    failures.append(failure.reason)
+                    return out
                 continue
-            out[todo.popleft()] = failure
+            out[current] = failure
         return out
 
     @staticmethod
     def _harness_failure(name: str, todo: deque[int], reason: str) -> dict[int, ScreenResult]:
+        if not todo:
+            return {}
         log.warning("the screen's %s stage failed on its own side: %s", name, reason)
         return {i: ScreenResult(Status.RUNTIME_ERROR, f"not screened: the screen's {name} stage failed: {reason}",
                                 harness=True) for i in todo}

@@ -123,7 +123,7 @@ class TemplateProposer:
 
     def render(self, plan: Plan, genome: Genome, label: str) -> str | None:
         from kernelevolve.analyze.pointwise import CodegenError
-        from kernelevolve.templates.base import TemplateError
+        from kernelevolve.templates.base import HopelessConfig, TemplateError
         from kernelevolve.templates.program import assemble
 
         def build(p: Plan, dynamic: dict[int, set[int]]) -> str | None:
@@ -135,6 +135,9 @@ class TemplateProposer:
                 name = f"k{i}_{r.match.family}"
                 try:
                     src = r.template.render(r.match, {k: v for k, v in cfg.items() if k != USE}, name)
+                except HopelessConfig as e:  # this configuration only: the region renders with others
+                    log.debug("region %s: configuration %s not rendered: %s", r.key, cfg, e)
+                    return None
                 except (CodegenError, TemplateError, KeyError, ValueError) as e:
                     log.info("region %s cannot render: %s", r.key, e)
                     self.broken.add(r.key)

@@ -266,16 +266,27 @@ class _Loop:
                 - self.cfg.finalists * len(self.screening))
 
     def submit_batch(self) -> bool:
-        room = self.cfg.screen_batch
+        """Send the next batch to the screen. A batch holds one proposer's candidates, so that template candidates,
+        compiled in seconds, do not wait on Inductor's, which take tens of seconds each; a slower proposer's batch
+        (a smaller ``weight``) is smaller in proportion, which keeps each batch's wall time alike."""
+        head = self.queue[0].proposer
+        weights = {p.name: getattr(p, "weight", 1) for p in self.proposers}
+        top = max(weights.values(), default=1)
+        room = max(1, round(self.cfg.screen_batch * weights.get(head, top) / top))
         if self.cfg.max_screened is not None:
             room = min(room, self.cfg.max_screened - self.screened - self.screening_count())
         batch: list[Node] = []
+        others: list[Candidate] = []  # other proposers' candidates, back to the queue in their order
         while self.queue and len(batch) < room:
+            if self.queue[0].proposer != head:
+                others.append(self.queue.popleft())
+                continue
             node = self.take()
             if node is False:
                 break
             if isinstance(node, Node):
                 batch.append(node)
+        self.queue.extendleft(reversed(others))
         if batch:
             self.send_batch(batch)
             return True

@@ -24,6 +24,11 @@ class TemplateError(Exception):
     pass
 
 
+class HopelessConfig(TemplateError):
+    """A configuration that would render but cannot be worth compiling (its tile spills out of the registers, say):
+    the proposer skips that configuration, and the region stays usable with others."""
+
+
 @dataclass(eq=False)
 class Match:
     family: str

@@ -7,9 +7,14 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, op_name, shape
 from kernelevolve.analyze.pointwise import TL_DTYPES, expression
+from kernelevolve.templates.base import HopelessConfig
 from kernelevolve.templates.pointwise import load_type, broadcast_strides, contiguous_strides, merge_dims, offset_expr
 from kernelevolve.templates.graphutil import pow2
 from kernelevolve.templates.rowreduce.frame import MAX_TILE, REDUCTIONS, VIEWS, Frame, reduced_dim
+
+# Tile values per thread past which a configuration is not rendered: Hopper has 255 registers a thread, and a tile of
+# more spills to local memory, runs slowly and can take ptxas minutes to compile (a 16 x 4096 tile on one warp).
+MAX_PER_THREAD = 128
 
 
 class _Operand:
@@ -173,6 +178,10 @@ def render_region(match: Any, config: dict[str, Any], name: str, frame: Frame) -
         block_r = max(1, min(block_r, MAX_TILE // block_c))
     else:
         block_c = max(16, min(int(config["BLOCK_C"]), pow2(c)))
+    warps = int(config["num_warps"])
+    if block_r * block_c > MAX_PER_THREAD * 32 * warps:
+        raise HopelessConfig(f"a {block_r} x {block_c} tile on {warps} warp(s) holds "
+                             f"{block_r * block_c // (32 * warps)} values per thread")
     split = int(config.get("SPLIT", 1)) if not persistent else 1
     span = triton_cdiv(triton_cdiv(c, split), block_c) * block_c
     split = triton_cdiv(c, span)
@@ -199,7 +208,7 @@ def {name}({", ".join(args.values())}):
     {"; ".join(f"x{i} = x{i}.contiguous()" for i in range(len(args)))}
     outs = ({outs},)
     {name}_kernel[(triton.cdiv({rows}, {block_r}), {split})]({call}{", " if ins else ""}*outs, BLOCK_R={block_r}, BLOCK_C={block_c},
-        num_warps={int(config["num_warps"])}, num_stages={int(config.get("num_stages", 1))})
+        num_warps={warps}, num_stages={int(config.get("num_stages", 1))})
     return outs
 '''
 
