@@ -114,3 +114,24 @@ def test_a_template_candidate_gets_the_shorter_deadline_on_the_gpu(screener):
     template, inductor = Candidate("x = 1\n", proposer="template"), Candidate("x = 1\n", proposer="inductor")
     assert on_gpu._deadline(template) == 30.0 and on_gpu._deadline(inductor) == 120.0
     assert on_cpu._deadline(template) == 120.0  # the CPU interpreter runs template kernels slowly
+
+
+def test_cancel_ends_a_batch_at_once_and_blames_no_candidate(screener, candidate, tmp_path):
+    import threading
+    import time
+
+    log = tmp_path / "imports.txt"
+    cands = [_logging(candidate, log, "slow", 60.0), _logging(candidate, log, "next")]
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=120.0, parallel=1))
+    out: list = []
+    worker = threading.Thread(target=lambda: out.extend(one.screen(cands)))
+    began = time.monotonic()
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "slow" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the slow candidate is being imported
+    one.cancel()
+    worker.join(timeout=30)
+    assert not worker.is_alive() and time.monotonic() - began < 50
+    assert [r.harness for r in out] == [True, True], out
+    assert all("stopped" in r.reason for r in out), out

@@ -146,3 +146,21 @@ def test_fp32_products_try_tf32x3_right_after_the_defaults(tmp_path):
     cands = TemplateProposer("cpu", seed=0).propose(_ctx(load_problem(path)), 2)
     assert [c.meta["label"] for c in cands] == ["defaults", "prior pairwise_interaction INPUT_PRECISION"]
     assert [cfg["config"].get("INPUT_PRECISION") for c in cands for cfg in c.meta["configs"]] == ["ieee", "tf32x3"]
+
+
+def test_parents_are_ranked_on_one_clock():
+    """A node the judge timed but the screen did not is put on the screen's clock by the ratio of the nodes both
+    timed: at 1.4x judge over screen, a 0.36 ms judged node is a 0.26 ms screen node, slower than one screened at
+    0.25 ms, though 0.25 < 0.36 < 0.30 would rank it otherwise."""
+    from kernelevolve.evaluate.result import Result, ScreenResult, Status, Timing
+    from kernelevolve.propose.template import _ranked
+    from tests.factories import make_node
+
+    def judged(ms):
+        return Result(Status.OK, "verified", timing=Timing.from_samples([ms], "perf_counter"), timed=True)
+
+    both = make_node(1, judged(0.42), screen=ScreenResult(Status.OK, "x", ms=0.30))
+    judge_only = make_node(2, judged(0.36))
+    screen_only = make_node(3, None, screen=ScreenResult(Status.OK, "x", ms=0.25))
+    assert [n.id for n in _ranked([both, judge_only, screen_only])] == [3, 2, 1]
+    assert [n.id for n in _ranked([judge_only, make_node(4, judged(0.2))])] == [4, 2]  # no ratio: the judge's times

@@ -220,3 +220,46 @@ def test_a_batch_holds_one_proposers_candidates_sized_by_its_weight(store, probl
         sizes[f.pop()].append(len(batch))
     assert max(sizes["t"]) == 6 and max(sizes["i"]) == 2, sizes
     assert sum(sizes["t"]) == 6 and sum(sizes["i"]) == 6, sizes
+
+
+class SlowScreeningPool(ScreeningPool):
+    """A batch takes ``screen_s`` unless cancelled, when it comes back unscreened at once."""
+
+    def __init__(self, screen_s: float):
+        super().__init__()
+        self.slow_s, self.cancels = screen_s, 0
+        self.wake = None
+
+    def screen(self, candidates):
+        import threading
+
+        if not self.batches:  # the first batch is screened at once
+            return super().screen(candidates)
+        self.batches.append([c.source for c in candidates])
+        fut: Future = Future()
+        self.wake = threading.Event()
+
+        def finish(wake=self.wake):
+            cancelled = wake.wait(self.slow_s)
+            fut.set_result([ScreenResult(Status.RUNTIME_ERROR, "not screened: stopped", harness=True)
+                            if cancelled else screen_result(c.source) for c in candidates])
+
+        threading.Thread(target=finish, daemon=True).start()
+        return fut
+
+    def cancel_screens(self):
+        self.cancels += 1
+        if self.wake is not None:
+            self.wake.set()
+
+
+def test_the_budget_ends_a_batch_in_flight_instead_of_waiting_for_it(store, problem):
+    run_id = new_run(store, problem)
+    pool = SlowScreeningPool(screen_s=30.0)
+    began = time.monotonic()
+    out = search(store, run_id, problem, FakeProposer([src(f"c{i}", 5.0 + i) for i in range(8)]), pool,
+                 max_evals=10, screen_batch=4, finalists=1, time_budget_s=1.0)
+    assert time.monotonic() - began < 10 and pool.cancels == 1
+    assert len(pool.batches) == 2 and out.evaluations == 1 and "time-budget" in out.stop_reason
+    pending = [n for n in store.nodes(run_id) if n.result is None and not n.screened_out]
+    assert len(pending) == 4  # the cancelled batch's: a resumed run screens them

@@ -62,6 +62,10 @@ class LocalPool:
         """Screen a batch on one worker's GPU (it holds that slot until the batch is done)."""
         return self._pool.submit(self._screen, candidates)
 
+    def cancel_screens(self) -> None:
+        """End the batches being screened (the search stopped): what they had not screened comes back unscreened."""
+        self.screener.cancel()
+
     def _screen(self, candidates: list[Candidate]) -> list[ScreenResult]:
         gpu = self._slots.get()
         try:

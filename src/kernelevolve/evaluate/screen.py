@@ -25,7 +25,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -71,12 +71,25 @@ class Screener:
         self.evaluator, self.config = evaluator, config or ScreenConfig()
         # where each recent batch's wall time went: candidates, check processes, seconds in each stage
         self.stats: deque[dict[str, float]] = deque(maxlen=256)
+        self._cancelled = threading.Event()
+        self._live: set[Child] = set()  # the children at work, for cancel()
+        self._live_lock = threading.Lock()
+
+    def cancel(self) -> None:
+        """End the batches being screened now (the search stopped): their children are killed, and the candidates
+        not yet screened come back marked as the screen's own failure (``harness``), blaming none of them."""
+        self._cancelled.set()
+        with self._live_lock:
+            live = list(self._live)
+        for child in live:
+            child._kill_processes()
 
     def screen(self, candidates: list[Candidate], gpu: int | None = None,
                on_screened: OnScreened | None = None) -> list[ScreenResult]:
         """One ScreenResult per candidate, in their order. Never raises for a candidate's fault."""
         if not candidates:
             return []
+        self._cancelled.clear()
         ev = self.evaluator
         paths = []
         for k, cand in enumerate(candidates):
@@ -151,7 +164,9 @@ class Screener:
                                      range(processes)):
                     out.update(part)
         if todo:
-            out.update(self._harness_failure(name, todo, failures[-1] if failures else "no process took them"))
+            reason = "the search stopped first" if self._cancelled.is_set() else (
+                failures[-1] if failures else "no process took them")
+            out.update(self._harness_failure(name, todo, reason))
         return out
 
     def _deadline(self, candidate: Candidate) -> float:
@@ -169,67 +184,88 @@ class Screener:
         wrong output), after one that reports it unfit (left behind by an earlier candidate: put back, for a fresh
         child), and after a crash or a hang, which are that candidate's result. The deadline runs only while the
         child works on a candidate. A child that fails on its own side stops this process: its candidate goes back
-        to ``todo``, the reason to ``failures``."""
+        to ``todo``, the reason to ``failures``; so does cancel()."""
         out: dict[int, ScreenResult] = {}
-        while todo:
-            job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
-            job["screen_timing"] = asdict(self.config.timing)
-            current: int | None = None
-            ran = 0  # candidates this child has answered
+        while todo and not self._cancelled.is_set():
+            current: list[int | None] = [None]
             try:
-                with Child(job, self.config.timeout_s) as child:
-                    _expect(child, "hello")
-                    _expect(child, "loaded", send={"cmd": "load"})
-                    child.pause()
-                    while True:
-                        if child.expired:  # while the parent compared the last outputs: no candidate's doing
-                            raise ChildTimeout()
-                        try:
-                            current = todo.popleft()
-                        except IndexError:
-                            current = None
-                            return out
-                        child.renew(deadline(current))
-                        r = step(child, current)
-                        child.pause()
-                        if isinstance(r, _Unfit):
-                            todo.appendleft(current)
-                            current = None
-                            if not ran:  # a fresh process cannot be unfit: the screen's own failure
-                                failures.append(r.reason)
-                                return out
-                            break  # again in a fresh process
-                        out[current] = r
-                        current = None
-                        ran += 1
-                        if r.status not in _FIT_AFTER and not r.ok:
-                            break
-            except ChildTimeout:
-                failure = ScreenResult(Status.TIMEOUT, f"no answer within {self.config.timeout_s:g} s in the screen's "
-                                                       f"{name} stage; process group killed")
-                if current is not None:
-                    failure = ScreenResult(Status.TIMEOUT, f"no answer within {deadline(current):g} s in the "
-                                                           f"screen's {name} stage; process group killed")
-            except ChildDied as e:
-                failure = ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)")
-            except _Verdict as v:
-                failure = ScreenResult(v.status, v.reason)
-            except _MALFORMED as e:
-                failure = ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})")
+                failure, ran = self._one_child(name, todo, step, gpu, deadline, out, current)
             except (torch.OutOfMemoryError, OSError) as e:  # the parent's own side
-                if current is not None:
-                    todo.appendleft(current)
+                failure, ran = None, 0
                 failures.append(f"{type(e).__name__}: {str(e)[:200]}")
+            if self._cancelled.is_set() or failure is None:
+                if current[0] is not None:  # killed by cancel(), or the parent failed: no fault of its own
+                    todo.appendleft(current[0])
+                if failure is None and not self._cancelled.is_set() and ran < 0:
+                    continue  # the child ended fit or was replaced: the next one takes the rest
                 return out
-            else:
-                continue
-            if current is None:  # the process failed before or between candidates: no candidate's doing
+            if current[0] is None:  # the process failed before or between candidates: no candidate's doing
                 if not ran:
                     failures.append(failure.reason)
                     return out
                 continue
-            out[current] = failure
+            out[current[0]] = failure
         return out
+
+    def _one_child(self, name: str, todo: deque[int], step: Callable[[Child, int], ScreenResult], gpu: int | None,
+                   deadline: Callable[[int], float], out: dict[int, ScreenResult],
+                   current: list[int | None]) -> tuple[ScreenResult | None, int]:
+        """One child's share of the stage: (None, -1) when it ended without a failure (the queue empty, a result
+        after which the process is replaced, or cancel()), else (the failure of the candidate in ``current``, or of
+        the process when ``current`` holds None, and how many candidates the child answered). A fresh child that
+        reports itself unfit is the screen's own failure: OSError, as for the parent's own side."""
+        job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
+        job["screen_timing"] = asdict(self.config.timing)
+        ran = 0  # candidates this child has answered
+        try:
+            with Child(job, self.config.timeout_s) as child, self._working(child):
+                _expect(child, "hello")
+                _expect(child, "loaded", send={"cmd": "load"})
+                child.pause()
+                while not self._cancelled.is_set():
+                    if child.expired:  # while the parent compared the last outputs: no candidate's doing
+                        raise ChildTimeout()
+                    try:
+                        current[0] = todo.popleft()
+                    except IndexError:
+                        break
+                    i = current[0]
+                    child.renew(deadline(i))
+                    r = step(child, i)
+                    child.pause()
+                    if isinstance(r, _Unfit):
+                        todo.appendleft(i)
+                        current[0] = None
+                        if not ran:  # a fresh process cannot be unfit: the screen's own failure
+                            raise OSError(f"a fresh screen process reports itself unfit: {r.reason}")
+                        break  # again in a fresh process
+                    out[i] = r
+                    current[0] = None
+                    ran += 1
+                    if r.status not in _FIT_AFTER and not r.ok:
+                        break
+            return None, -1
+        except ChildTimeout:
+            i = current[0]
+            limit = self.config.timeout_s if i is None else deadline(i)
+            return ScreenResult(Status.TIMEOUT, f"no answer within {limit:g} s in the screen's {name} stage; "
+                                                "process group killed"), ran
+        except ChildDied as e:
+            return ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)"), ran
+        except _Verdict as v:
+            return ScreenResult(v.status, v.reason), ran
+        except _MALFORMED as e:
+            return ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})"), ran
+
+    @contextlib.contextmanager
+    def _working(self, child: Child) -> Iterator[Child]:
+        with self._live_lock:
+            self._live.add(child)
+        try:
+            yield child
+        finally:
+            with self._live_lock:
+                self._live.discard(child)
 
     @staticmethod
     def _harness_failure(name: str, todo: deque[int], reason: str) -> dict[int, ScreenResult]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,15 +254,23 @@ class TemplateProposer:
 
 
 def _ranked(nodes: list[Any]) -> list[Any]:
-    """The parents to breed from, fastest first: by the screen's time where the screen timed the node (its clock is
-    the same for every node it timed), else by the judge's; a node the judge failed is never a parent. Then the
-    verified or screened nodes that have no time (the CPU interpreter)."""
+    """The parents to breed from, fastest first, on the screen's clock: its time where the screen timed the node,
+    else the judge's time divided by the median judge-to-screen ratio of the nodes both timed (the two clocks differ
+    by a kernel's launch pattern, so they are not compared as they are); a node the judge failed is never a parent.
+    Then the verified or screened nodes that have no time (the CPU interpreter)."""
+    def screen_ms(n: Any) -> float | None:
+        return n.screen.ms if n.screen is not None and n.screen.ok and n.screen.ms else None
+
+    both = [n.runtime_ms / screen_ms(n) for n in nodes
+            if not n.failed and n.runtime_ms is not None and screen_ms(n) is not None]
+    ratio = statistics.median(both) if both else 1.0
+
     def ms(n: Any) -> float | None:
         if n.failed:
             return None
-        if n.screen is not None and n.screen.ok and n.screen.ms is not None:
-            return n.screen.ms
-        return n.runtime_ms
+        if screen_ms(n) is not None:
+            return screen_ms(n)
+        return None if n.runtime_ms is None else n.runtime_ms / ratio
 
     timed = sorted((n for n in nodes if ms(n) is not None), key=ms)
     return timed or [n for n in nodes if n.ok or (n.result is None and n.screen is not None and n.screen.ok)]

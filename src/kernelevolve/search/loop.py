@@ -133,6 +133,7 @@ class _Loop:
         self.screening: dict[Future[list[ScreenResult]], tuple[list[Node], float]] = {}  # batch, when sent
         self.screen_s = 0.0  # spent screening (batch wall times, summed over batches)
         self.finalists: deque[Node] = deque()  # sent on by the screen, waiting for a worker
+        self.cancelled = False  # the batches in flight were cancelled when the search stopped
         self.exhausted = False
         self.began = time.monotonic()
         self.start: float | None = None  # the budget's clock: set when the first candidates are in hand
@@ -335,6 +336,22 @@ class _Loop:
         if self.on_screen:
             self.on_screen(len(pairs), len(chosen))
 
+    def budget_left(self) -> float | None:
+        """Seconds until the time budget ends, None without one or once it has (nothing to wake up for then)."""
+        if self.cfg.time_budget_s is None or self.start is None:
+            return None
+        left = self.start + self.cfg.time_budget_s - time.monotonic()
+        return left + 0.01 if left > 0 else None
+
+    def cancel_screens(self) -> None:
+        """Stop the batches in flight: their candidates not yet screened come back as the screen's own failure and
+        stay pending in the tree (a resumed run screens them)."""
+        self.cancelled = True
+        cancel = getattr(self.pool, "cancel_screens", None)
+        if cancel is not None:
+            log.info("the search stopped with %d screen batch(es) in flight: cancelling them", len(self.screening))
+            cancel()
+
     def screen_bar(self) -> float | None:
         """The fastest screen time among the nodes the judge verified (None before the first)."""
         times = [n.screen.ms for n in self.history if n.ok and n.screen is not None and n.screen.ms is not None]
@@ -432,7 +449,10 @@ class _Loop:
                 [self.proposing] if self.proposing and (waiting or not reason) else [])
             if not self.busy() and (reason is not None or not pending):
                 break
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            if self.screening and not self.cancelled and self.stop_reason() is not None:
+                self.cancel_screens()  # the search is over: a batch still compiling would only delay the answer
+            done, _ = wait(pending, timeout=self.budget_left() if self.screening and not self.cancelled else None,
+                           return_when=FIRST_COMPLETED)
             for fut in done:
                 if fut is self.proposing:
                     self.take_proposal()
