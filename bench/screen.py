@@ -91,6 +91,7 @@ def run_problem(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         done = len(results)
         print(f"  {path.stem}: screened {done}/{len(cands)} in {time.monotonic() - t0:.1f} s", flush=True)
     wall = time.monotonic() - t0
+    screener.close()
     stages = list(screener.stats)
     compiles = sorted(r.first_call_s for r in results if r.first_call_s is not None)
     statuses: dict[str, int] = {}

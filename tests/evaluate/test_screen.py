@@ -17,7 +17,8 @@ def _slow(candidate) -> Candidate:
 
 @pytest.fixture
 def screener(new_evaluator):
-    return Screener(new_evaluator("problem_scale.py"), ScreenConfig(timeout_s=10.0, parallel=2))
+    with Screener(new_evaluator("problem_scale.py"), ScreenConfig(timeout_s=10.0, parallel=2)) as s:
+        yield s
 
 
 def test_a_batch_is_ranked_and_every_culprit_is_named(screener, candidate, tmp_path):
@@ -135,3 +136,41 @@ def test_cancel_ends_a_batch_at_once_and_blames_no_candidate(screener, candidate
     assert not worker.is_alive() and time.monotonic() - began < 50
     assert [r.harness for r in out] == [True, True], out
     assert all("stopped" in r.reason for r in out), out
+
+
+def _pids(log) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in log.read_text().split("\n"):
+        if line:
+            name, pid = line.split()
+            out.setdefault(name, []).append(pid)
+    return out
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_processes_are_kept_between_batches(screener, candidate, tmp_path, keep):
+    """A fit process waits for the next batch with its torch and CUDA context ready; close() ends it."""
+    from tests.evaluate.conftest import pid_gone
+
+    log = tmp_path / "imports.txt"
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=1, keep_processes=keep))
+    first = one.screen([_logging(candidate, log, "a")])
+    second = one.screen([_logging(candidate, log, "b")])
+    assert first[0].ok and second[0].ok, (first, second)
+    pids = _pids(log)  # [check stage, time stage] for each
+    assert (pids["a"] == pids["b"]) is keep, pids
+    one.close()
+    assert all(pid_gone(int(p)) for p in pids["b"]), pids
+
+
+def test_a_process_that_failed_a_candidate_is_not_kept(screener, candidate, tmp_path):
+    log = tmp_path / "imports.txt"
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=1))
+    crash = Candidate(_logging(candidate, log, "crash").source.replace(
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n",
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        raise RuntimeError('boom')\n"))
+    assert not one.screen([crash])[0].ok
+    assert one.screen([_logging(candidate, log, "next")])[0].ok
+    pids = _pids(log)
+    assert pids["crash"][0] != pids["next"][0], pids
+    one.close()

@@ -82,3 +82,4 @@ class LocalPool:
 
     def shutdown(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        self.screener.close()

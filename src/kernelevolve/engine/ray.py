@@ -236,13 +236,14 @@ def _evaluate_task(problem: dict[str, Any], config: dict[str, Any], source: str,
 
 
 def _screen_task(problem: dict[str, Any], config: dict[str, Any], screen: dict[str, Any],
-                 candidates: list[tuple[str, str]], gpu: int | None) -> str:
+                 candidates: list[tuple[str, str, str]], gpu: int | None) -> str:
     from kernelevolve.evaluate.screen import Screener
 
     cfg = ScreenConfig(**dict(screen, timing=TimingConfig(**screen["timing"])))
     try:
-        results = Screener(_worker_evaluator(problem, config), cfg).screen(
-            [Candidate(source, language=language) for source, language in candidates], gpu=gpu)
+        with Screener(_worker_evaluator(problem, config), cfg) as screener:
+            results = screener.screen([Candidate(source, language=language, proposer=proposer)
+                                       for source, language, proposer in candidates], gpu=gpu)
     finally:
         if config["device"] == "cuda":
             _release()
@@ -429,7 +430,7 @@ class RayPool:
     def _screen(self, candidates: list[Candidate]) -> list[ScreenResult]:
         cfg = self.screen_config
         ref = self._start("screen", self._problem, self._config, asdict(cfg),
-                          [(c.source, c.language) for c in candidates], self._gpu)
+                          [(c.source, c.language, c.proposer) for c in candidates], self._gpu)
         try:
             text = self._await(ref, self._deadline_s(2 * cfg.timeout_s * max(1, len(candidates))))
         except _Expired as e:

@@ -22,6 +22,7 @@ import os
 import statistics
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 MAX_PARALLEL = 16
 # Device memory a check process needs besides its inputs and outputs (its CUDA context, allocator slack).
 PROCESS_BYTES = 1 << 30
+# Processes are kept between batches only for problems whose inputs and outputs take less than this.
+KEEP_BYTES = 1 << 30
 # Failures after which a process stays in use: what the candidate left behind, the next candidate's load finds.
 _FIT_AFTER = {Status.COMPILE_ERROR, Status.INCORRECT}
 # The status of a child that finds, loading a candidate, that an earlier one left it tampered with.
@@ -58,6 +61,9 @@ class ScreenConfig:
     timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_ms=25.0, warmup_ms=5.0, min_reps=3,
                                                                       max_reps=100))
     input_sets: int = 2  # rotated through while timing
+    # Keep the processes between batches (their torch, CUDA context and compiled kernels are ready for the next),
+    # where one candidate's inputs and outputs are small enough that idle processes holding none cost little.
+    keep_processes: bool = True
 
 
 OnScreened = Callable[[int, ScreenResult], None]
@@ -74,6 +80,40 @@ class Screener:
         self._cancelled = threading.Event()
         self._live: set[Child] = set()  # the children at work, for cancel()
         self._live_lock = threading.Lock()
+        self._idle: dict[tuple[str, int | None], list[Child]] = {}  # kept between batches, by stage and GPU
+        # the kept processes die with the screener (or at exit) if no one closes it
+        self._finalizer = weakref.finalize(self, _kill_idle, self._idle, self._live_lock)
+
+    def close(self) -> None:
+        """Kill the processes kept between batches. A later batch starts fresh ones."""
+        _kill_idle(self._idle, self._live_lock)
+
+    def __enter__(self) -> "Screener":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _acquire(self, name: str, gpu: int | None) -> Child | None:
+        with self._live_lock:
+            kept = self._idle.get((name, gpu))
+            return kept.pop() if kept else None
+
+    def _keep(self, name: str, gpu: int | None, child: Child) -> None:
+        """Put a child that ended its share of a batch fit back for the next batch, emptied of its last candidate."""
+        try:
+            child.renew(self.config.timeout_s)
+            _expect(child, "rested", send={"cmd": "screen_rest"})
+            child.pause()
+        except Exception:  # it cannot rest: not worth keeping
+            child.kill()
+            return
+        with self._live_lock:
+            kept = self._idle.setdefault((name, gpu), [])
+            if len(kept) < MAX_PARALLEL:
+                kept.append(child)
+                return
+        child.kill()
 
     def cancel(self) -> None:
         """End the batches being screened now (the search stopped): their children are killed, and the candidates
@@ -117,9 +157,12 @@ class Screener:
         def check(child: Child, i: int) -> ScreenResult:
             return self._check_one(child, paths[i], seed, ref, exact, gpu)
 
-        parallel = self._parallel(n, ref, gpu)
+        parallel, io_bytes = self._parallel(n, ref, gpu)
+        keep = self.config.keep_processes and io_bytes < KEEP_BYTES
+        if not keep:
+            self.close()
         checking = time.monotonic()
-        checked.update(self._stage_all("check", list(range(n)), check, gpu, candidates, parallel))
+        checked.update(self._stage_all("check", list(range(n)), check, gpu, candidates, parallel, keep))
         timing_at = time.monotonic()
         for i in range(n):
             if on_screened is not None and not checked[i].ok:
@@ -133,7 +176,7 @@ class Screener:
             def time_one(child: Child, i: int) -> ScreenResult:
                 return self._time_one(child, paths[i], seeds, checked[i])
 
-            results.update(self._stage_all("time", timed, time_one, gpu, candidates, 1))
+            results.update(self._stage_all("time", timed, time_one, gpu, candidates, 1, keep))
         done = time.monotonic()
         self.stats.append({"candidates": n, "processes": parallel, "reference_s": checking - began,
                            "check_s": timing_at - checking, "time_s": done - timing_at, "timed": len(timed)})
@@ -145,7 +188,7 @@ class Screener:
 
     # --- stages -----------------------------------------------------------------------------------------------
     def _stage_all(self, name: str, indices: list[int], step: Callable[[Child, int], ScreenResult], gpu: int | None,
-                   candidates: list[Candidate], processes: int) -> dict[int, ScreenResult]:
+                   candidates: list[Candidate], processes: int, keep: bool = False) -> dict[int, ScreenResult]:
         """Run ``step`` for each index in ``processes`` children at once, which take the next index from one queue as
         each finishes its last: a candidate that is slow to compile holds up one process, not a share of the batch.
         What no process could take (the screen's own failure) is marked for the judge."""
@@ -157,10 +200,10 @@ class Screener:
 
         out: dict[int, ScreenResult] = {}
         if processes <= 1:
-            out.update(self._stage(name, todo, step, gpu, deadline, failures))
+            out.update(self._stage(name, todo, step, gpu, deadline, failures, keep))
         else:
             with ThreadPoolExecutor(max_workers=processes, thread_name_prefix="kernelevolve-screen") as pool:
-                for part in pool.map(lambda _: self._stage(name, todo, step, gpu, deadline, failures),
+                for part in pool.map(lambda _: self._stage(name, todo, step, gpu, deadline, failures, keep),
                                      range(processes)):
                     out.update(part)
         if todo:
@@ -178,7 +221,7 @@ class Screener:
         return cfg.timeout_s
 
     def _stage(self, name: str, todo: deque[int], step: Callable[[Child, int], ScreenResult], gpu: int | None,
-               deadline: Callable[[int], float], failures: list[str]) -> dict[int, ScreenResult]:
+               deadline: Callable[[int], float], failures: list[str], keep: bool = False) -> dict[int, ScreenResult]:
         """Take indices from ``todo`` (shared with the stage's other processes) and run ``step`` for each in one
         child, replacing the child after a candidate that may have left it unfit (anything but a compile error or a
         wrong output), after one that reports it unfit (left behind by an earlier candidate: put back, for a fresh
@@ -189,7 +232,7 @@ class Screener:
         while todo and not self._cancelled.is_set():
             current: list[int | None] = [None]
             try:
-                failure, ran = self._one_child(name, todo, step, gpu, deadline, out, current)
+                failure, ran = self._one_child(name, todo, step, gpu, deadline, out, current, keep)
             except (torch.OutOfMemoryError, OSError) as e:  # the parent's own side
                 failure, ran = None, 0
                 failures.append(f"{type(e).__name__}: {str(e)[:200]}")
@@ -208,26 +251,34 @@ class Screener:
         return out
 
     def _one_child(self, name: str, todo: deque[int], step: Callable[[Child, int], ScreenResult], gpu: int | None,
-                   deadline: Callable[[int], float], out: dict[int, ScreenResult],
-                   current: list[int | None]) -> tuple[ScreenResult | None, int]:
-        """One child's share of the stage: (None, -1) when it ended without a failure (the queue empty, a result
-        after which the process is replaced, or cancel()), else (the failure of the candidate in ``current``, or of
-        the process when ``current`` holds None, and how many candidates the child answered). A fresh child that
-        reports itself unfit is the screen's own failure: OSError, as for the parent's own side."""
-        job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
-        job["screen_timing"] = asdict(self.config.timing)
-        ran = 0  # candidates this child has answered
+                   deadline: Callable[[int], float], out: dict[int, ScreenResult], current: list[int | None],
+                   keep: bool = False) -> tuple[ScreenResult | None, int]:
+        """One child's share of the stage, in a child kept from an earlier batch or a fresh one: (None, -1) when it
+        ended without a failure (the queue empty, a result after which the process is replaced, or cancel()), else
+        (the failure of the candidate in ``current``, or of the process when ``current`` holds None, and how many
+        candidates the child has answered). A fresh child that reports itself unfit is the screen's own failure:
+        OSError, as for the parent's own side. With ``keep``, a child that ends fit is kept for the next batch."""
+        child = self._acquire(name, gpu) if keep else None
+        fresh = child is None
+        if child is None:
+            job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
+            job["screen_timing"] = asdict(self.config.timing)
+            child = Child(job, self.config.timeout_s)
+            child.answered = 0  # candidates it has answered, over every batch
+        fit = False
         try:
-            with Child(job, self.config.timeout_s) as child, self._working(child):
-                _expect(child, "hello")
-                _expect(child, "loaded", send={"cmd": "load"})
-                child.pause()
+            with self._working(child):
+                if fresh:
+                    _expect(child, "hello")
+                    _expect(child, "loaded", send={"cmd": "load"})
+                    child.pause()
                 while not self._cancelled.is_set():
                     if child.expired:  # while the parent compared the last outputs: no candidate's doing
                         raise ChildTimeout()
                     try:
                         current[0] = todo.popleft()
                     except IndexError:
+                        fit = True
                         break
                     i = current[0]
                     child.renew(deadline(i))
@@ -236,12 +287,12 @@ class Screener:
                     if isinstance(r, _Unfit):
                         todo.appendleft(i)
                         current[0] = None
-                        if not ran:  # a fresh process cannot be unfit: the screen's own failure
+                        if not child.answered:  # a fresh process cannot be unfit: the screen's own failure
                             raise OSError(f"a fresh screen process reports itself unfit: {r.reason}")
                         break  # again in a fresh process
                     out[i] = r
                     current[0] = None
-                    ran += 1
+                    child.answered += 1
                     if r.status not in _FIT_AFTER and not r.ok:
                         break
             return None, -1
@@ -249,13 +300,19 @@ class Screener:
             i = current[0]
             limit = self.config.timeout_s if i is None else deadline(i)
             return ScreenResult(Status.TIMEOUT, f"no answer within {limit:g} s in the screen's {name} stage; "
-                                                "process group killed"), ran
+                                                "process group killed"), child.answered
         except ChildDied as e:
-            return ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)"), ran
+            return ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)"), child.answered
         except _Verdict as v:
-            return ScreenResult(v.status, v.reason), ran
+            return ScreenResult(v.status, v.reason), child.answered
         except _MALFORMED as e:
-            return ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})"), ran
+            return ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})"), \
+                child.answered
+        finally:
+            if fit and keep and not self._cancelled.is_set():
+                self._keep(name, gpu, child)
+            else:
+                child.kill()
 
     @contextlib.contextmanager
     def _working(self, child: Child) -> Iterator[Child]:
@@ -312,23 +369,35 @@ class Screener:
         cfg = self.evaluator.config
         return cfg.time_candidates and not (cfg.device == "cpu" and candidate.language == "triton")
 
-    def _parallel(self, n: int, ref: tuple[torch.Tensor, ...], gpu: int | None) -> int:
+    def _parallel(self, n: int, ref: tuple[torch.Tensor, ...], gpu: int | None) -> tuple[int, int]:
         """Check processes: the configured number, else one per CPU core (up to MAX_PARALLEL), as many as the free
-        device memory holds with one input set and the outputs each."""
-        if self.config.parallel is not None:
-            return max(1, min(n, self.config.parallel))
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        most = max(1, min(n, cores, MAX_PARALLEL))
+        device memory holds with one input set and the outputs each; and the bytes of one call's inputs and
+        outputs."""
         ev = self.evaluator
-        if ev.config.device != "cuda" or not torch.cuda.is_available():
-            return most
-        specs = input_specs(ev.module, fresh_seed(), 0, ev._ref_device(gpu))
+        seed = fresh_seed()
+        specs = input_specs(ev.module, seed, 0, "meta", meta_only=True) or input_specs(
+            ev.module, seed, 0, ev._ref_device(gpu))  # sizes drawn from values (jagged): drawn for real
         in_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in filter(None, specs))
         out_bytes = sum(t.numel() * t.element_size() for t in ref)
+        io_bytes = in_bytes + out_bytes
+        if self.config.parallel is not None:
+            return max(1, min(n, self.config.parallel)), io_bytes
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        most = max(1, min(n, cores, MAX_PARALLEL))
+        if ev.config.device != "cuda" or not torch.cuda.is_available():
+            return most, io_bytes
         with torch.cuda.device(ev._ref_device(gpu)):
             free = torch.cuda.mem_get_info()[0]
         each = PROCESS_BYTES + in_bytes + 3 * out_bytes
-        return max(1, min(most, int(0.6 * free // each)))
+        return max(1, min(most, int(0.6 * free // each))), io_bytes
+
+
+def _kill_idle(idle: dict[tuple[str, int | None], list[Child]], lock: threading.Lock) -> None:
+    with lock:
+        children = [c for kept in idle.values() for c in kept]
+        idle.clear()
+    for child in children:
+        child.kill()
 
 
 class _Once:

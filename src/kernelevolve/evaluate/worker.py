@@ -321,6 +321,13 @@ class Session:
             self.chan.send({"msg": "fail", "status": classify(e), "reason": _one_line(e),
                             "error": traceback.format_exc()})
 
+    def cmd_screen_rest(self, cmd: dict[str, Any]) -> None:
+        """Between batches: drop the last candidate and hand its memory back, then wait for the next batch."""
+        self.model, self.inputs, self.out_specs = None, None, None
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        self.chan.send({"msg": "rested"})
+
     def _screen_load(self, path: str) -> None:
         """The next candidate of a batch, in a process whose earlier candidates all passed: anything they left
         behind (replaced timers, threads, processes) makes this process unfit, which is no fault of this one."""
