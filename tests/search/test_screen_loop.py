@@ -263,3 +263,22 @@ def test_the_budget_ends_a_batch_in_flight_instead_of_waiting_for_it(store, prob
     assert len(pool.batches) == 2 and out.evaluations == 1 and "time-budget" in out.stop_reason
     pending = [n for n in store.nodes(run_id) if n.result is None and not n.screened_out]
     assert len(pending) == 4  # the cancelled batch's: a resumed run screens them
+
+
+def test_a_candidate_far_slower_than_the_baseline_is_not_judged(store, problem):
+    """The baselines are 10 ms (eager) and 8 ms (compile): a kernel the screen timed past 3 x 8 ms is hopeless,
+    even as the fastest of the first batch."""
+    run_id = new_run(store, problem)
+    sources = [src("slow", 30.0), src("slower", 40.0)]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=5, screen_batch=2, finalists=1,
+                 max_screened=2)
+    assert pool.batches == [sources]
+    assert pool.submitted == [] and out.evaluations == 0 and out.best is None
+    nodes = {n.source: n for n in store.nodes(run_id)}
+    assert nodes[src("slow", 30.0)].screened_out and nodes[src("slower", 40.0)].screened_out
+    near = [src("near", 20.0)]  # 22 ms by the screen: within 3x, judged
+    run2 = new_run(store, problem)
+    pool2 = ScreeningPool()
+    search(store, run2, problem, FakeProposer(near), pool2, max_evals=5, screen_batch=2, finalists=1)
+    assert pool2.submitted == near

@@ -99,6 +99,8 @@ class SearchOutcome:
 # fastest screen time among the nodes the judge has verified: the screen's and the judge's timings differ, so
 # screen times are compared with screen times.
 FINALIST_SLACK = 0.05
+# A candidate the screen timed at more than this many times the faster baseline is never sent on to the judge.
+HOPELESS = 3.0
 
 
 OnResult = Callable[[Node, Result], None]
@@ -319,6 +321,8 @@ class _Loop:
         passed.sort(key=lambda nr: math.inf if nr[1].ms is None else nr[1].ms)  # untimed last, in proposal order
         bar = self.screen_bar()
         room = max(0, self.cfg.max_evals - self.evaluated - len(self.in_flight) - len(self.finalists))
+        hopeless = self.hopeless_ms()
+        passed = [(n, r) for n, r in passed if r.ms is None or hopeless is None or r.ms <= hopeless]
         chosen = [n.id for n, r in passed[:min(self.cfg.finalists, room)]
                   if bar is None or r.ms is None or r.ms <= bar * (1 + FINALIST_SLACK)]
         sent = {}
@@ -351,6 +355,13 @@ class _Loop:
         if cancel is not None:
             log.info("the search stopped with %d screen batch(es) in flight: cancelling them", len(self.screening))
             cancel()
+
+    def hopeless_ms(self) -> float | None:
+        """A screen time past which a candidate is not worth judging: HOPELESS times the faster baseline (eager or
+        torch.compile, by the judge). The clocks differ by a few percent, the factor by far more."""
+        times = [t.median_ms for t in (self.baseline.eager, self.baseline.compiled) if t is not None] \
+            if self.baseline is not None else []
+        return HOPELESS * min(times) if times else None
 
     def screen_bar(self) -> float | None:
         """The fastest screen time among the nodes the judge verified (None before the first)."""
