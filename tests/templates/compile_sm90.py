@@ -54,6 +54,23 @@ class _Sm90:
         return torch.device("cpu")
 
 
+def _override(proposer, problem, cand, overrides: dict[str, str]):
+    """The candidate re-rendered with each knob of ``overrides`` set wherever a region's space has that value."""
+    from kernelevolve.candidate import Candidate
+
+    plan = proposer.plan(problem)
+    genome = {key: dict(cfg) for key, cfg in cand.meta["genome"].items()}
+    for r in plan.regions:
+        for knob, text in overrides.items():
+            values = {str(v): v for v in r.space.get(knob, [])}
+            if r.key in genome and text in values:
+                genome[r.key][knob] = values[text]
+    label = f"{cand.meta['label']}, {', '.join(f'{k}={v}' for k, v in overrides.items())}"
+    source = proposer.render(plan, genome, label)
+    return cand if source is None else Candidate(source, proposer="template", language="triton",
+                                                 meta=dict(cand.meta, label=label, genome=genome))
+
+
 def main() -> int:
     from kernelevolve.problem import build_model, import_module_from_path, load_problem, make_inputs
     from kernelevolve.propose.base import ProposalContext
@@ -65,7 +82,10 @@ def main() -> int:
     ap.add_argument("stems", nargs="*")
     ap.add_argument("--full", action="store_true", help="production sizes instead of SMALL")
     ap.add_argument("--n", type=int, default=2, help="candidates per problem")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                    help="render every region that has this knob with this value (e.g. SCHEDULE=tma)")
     args = ap.parse_args()
+    overrides = dict(item.split("=", 1) for item in args.set)
     compiled: list[tuple[str, object]] = []
     original = JITFunction.run
 
@@ -81,7 +101,10 @@ def main() -> int:
         src = path if args.full else suite.write_small_copy(path, Path(tempfile.mkdtemp()))
         problem = load_problem(src, "cpu")
         module = import_module_from_path(src, f"_sm90_{path.stem}")
-        cands = TemplateProposer("cuda", seed=0).propose(ProposalContext(problem, "cuda", None, []), args.n)
+        proposer = TemplateProposer("cuda", seed=0)
+        cands = proposer.propose(ProposalContext(problem, "cuda", None, []), args.n)
+        if overrides:
+            cands = [_override(proposer, problem, c, overrides) for c in cands]
         for i, cand in enumerate(cands):
             compiled.clear()
             row = {"problem": path.stem, "label": cand.meta["label"]}

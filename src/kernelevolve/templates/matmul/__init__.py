@@ -10,6 +10,7 @@ Families tried first claim bigger regions: two GEMMs that share their A and meet
 chained batched layers (multi-task towers) and DCN cross layers.
 """
 from kernelevolve.templates.matmul.families import BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, MatmulTemplate
-from kernelevolve.templates.matmul.launch import KNOBS, fit, gemm_space
+from kernelevolve.templates.matmul.launch import KNOBS, fit, gemm_space, has_tma
 
-__all__ = ["KNOBS", "BatchedSmallTemplate", "CrossTemplate", "DualGemmTemplate", "MatmulTemplate", "fit", "gemm_space"]
+__all__ = ["KNOBS", "BatchedSmallTemplate", "CrossTemplate", "DualGemmTemplate", "MatmulTemplate", "fit", "gemm_space",
+           "has_tma"]

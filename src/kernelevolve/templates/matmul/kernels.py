@@ -115,6 +115,87 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str) -> str:
     return "\n".join(["@triton.jit"] + head + _indent(body, 1))
 
 
+def tma_kernel(name: str, st: dict[str, Any], prec: str) -> str:
+    """The persistent GEMM for Hopper: one program per SM walks the (batch, grouped) tiles; A and each B are read
+    through device-side tensor descriptors (TMA), zero-padded past their edges, so the K loop has no masks and no
+    address arithmetic. An operand whose rows are contiguous the other way (a transposed weight) is described in that
+    order and transposed in registers (``*_T``). The launcher sends here only operands whose layout TMA takes."""
+    nb, tag = len(st["bs"]), st["tag"]
+    ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)] + _epi_ptrs(st)
+    strides = ["s_ab", "s_am", "s_ak"] + [f"s_b{j}{d}" for j in range(nb) for d in "bkn"] + _epi_strides(st)
+    flags = ["A_T"] + [f"B{j}_T" for j in range(nb)]
+    ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
+    body = ["if A_T:",
+            "    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[Bt, K, M], strides=[s_ab, s_ak, 1],",
+            "                                       block_shape=[1, BLOCK_K, BLOCK_M])",
+            "else:",
+            "    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[Bt, M, K], strides=[s_ab, s_am, 1],",
+            "                                       block_shape=[1, BLOCK_M, BLOCK_K])"]
+    for j in range(nb):
+        body += [f"if B{j}_T:",
+                 f"    b{j}_desc = tl.make_tensor_descriptor(b{j}_ptr, shape=[Bt, N, K], strides=[s_b{j}b, s_b{j}n, 1],",
+                 "                                        block_shape=[1, BLOCK_N, BLOCK_K])",
+                 "else:",
+                 f"    b{j}_desc = tl.make_tensor_descriptor(b{j}_ptr, shape=[Bt, K, N], strides=[s_b{j}b, s_b{j}k, 1],",
+                 "                                        block_shape=[1, BLOCK_K, BLOCK_N])"]
+    body += ["grid_m = tl.cdiv(M, BLOCK_M)", "grid_n = tl.cdiv(N, BLOCK_N)", "per_batch = grid_m * grid_n",
+             "width = GROUP_M * grid_n", "k_tiles = tl.cdiv(K, BLOCK_K)",
+             "for tile in range(tl.program_id(0), Bt * per_batch, NUM_SMS):"]
+    loop = ["rb = tile // per_batch", "pid = tile % per_batch", "rb64 = rb.to(tl.int64)",
+            "first_m = (pid // width) * GROUP_M", "size_m = min(grid_m - first_m, GROUP_M)",
+            "pid_m = first_m + (pid % width) % size_m", "pid_n = (pid % width) // size_m",
+            "om = pid_m * BLOCK_M", "on = pid_n * BLOCK_N"]
+    loop += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in st["accs"]]
+    k_body = ["ok = kk * BLOCK_K", "if A_T:",
+              f"    a = tl.trans(a_desc.load([rb, ok, om]).reshape(BLOCK_K, BLOCK_M)){ac}",
+              "else:", f"    a = a_desc.load([rb, om, ok]).reshape(BLOCK_M, BLOCK_K){ac}"]
+    for j, b in enumerate(st["bs"]):
+        bc = f".to({b['cast']})" if b["cast"] else ""
+        k_body += [f"if B{j}_T:", f"    b{j} = tl.trans(b{j}_desc.load([rb, on, ok]).reshape(BLOCK_N, BLOCK_K)){bc}",
+                   "else:", f"    b{j} = b{j}_desc.load([rb, ok, on]).reshape(BLOCK_K, BLOCK_N){bc}"]
+    k_body += [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
+    loop += ["for kk in range(0, k_tiles):"] + _indent(k_body, 1)
+    loop += ["rm = om + tl.arange(0, BLOCK_M)", "rn = on + tl.arange(0, BLOCK_N)", "mask_m = rm < M",
+             "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"] + _epilogue(st)
+    body += _indent(loop, 1)
+    head = [f"def {name}_{tag}_tma({', '.join(ptrs + ['Bt', 'M', 'N', 'K'] + strides)},",
+            "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,",
+            f"        NUM_SMS: tl.constexpr, {', '.join(f + ': tl.constexpr' for f in flags)}, UPCAST: tl.constexpr):"]
+    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+
+
+def tma_helpers(name: str) -> str:
+    """Launch-side helpers of the TMA kernels: the layout test, the SM count and the descriptors' scratch memory."""
+    return "\n".join([
+        f"def {name}_tma_ok(*operands):",
+        '    """Whether TMA can describe each [B, R, C] operand: 16-byte aligned base and strides, one unit stride."""',
+        '    if not hasattr(tl, "make_tensor_descriptor"):',
+        "        return False",
+        "    for t in operands:",
+        "        size, s = t.element_size(), t.stride()",
+        "        inner = 2 if s[2] == 1 else 1 if s[1] == 1 else None",
+        "        if inner is None or t.data_ptr() % 16:",
+        "            return False",
+        "        for d in (0, 1, 2):",
+        "            if d != inner and t.shape[d] > 1 and (s[d] <= 0 or s[d] * size % 16):",
+        "                return False",
+        "    return True",
+        "",
+        "",
+        f"{name}_SMS = {{}}",
+        "",
+        "",
+        f"def {name}_sms(device):",
+        f"    if device not in {name}_SMS:",
+        f"        {name}_SMS[device] = (torch.cuda.get_device_properties(device).multi_processor_count",
+        '                              if device.type == "cuda" else 4)',
+        f"    return {name}_SMS[device]",
+        "",
+        "",
+        f"def {name}_scratch(size, alignment, stream):",
+        "    return torch.empty(size, device=\"cuda\", dtype=torch.int8)"])
+
+
 def reduce_kernel(name: str, st: dict[str, Any]) -> str:
     """Second pass of split-K: sum the fp32 partials, then the epilogue."""
     params = ["ws_ptr"] + _epi_ptrs(st) + ["M", "N"] + _epi_strides(st)

@@ -6,7 +6,8 @@ from typing import Any
 
 from kernelevolve.templates.base import Match
 from kernelevolve.templates.graphutil import pow2
-from kernelevolve.templates.matmul.kernels import _precision, gemm_kernel, reduce_kernel, upcast_flag
+from kernelevolve.templates.matmul.kernels import (_precision, gemm_kernel, reduce_kernel, tma_helpers, tma_kernel,
+                                                   upcast_flag)
 
 SMEM_BYTES = 200 * 1024  # H100/H200 allow 227 KB per block; the rest is left to the epilogue's layout conversion
 REDUCE_BLOCK = (32, 128)
@@ -44,8 +45,11 @@ def fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, n_b: int) 
     while bk > 16 and stages * (bm + n_b * bn) * bk * itemsize > SMEM_BYTES:
         bk //= 2
     split = max(1, min(config.get("SPLIT_K", 1), -(-sizes["K"] // bk)))
+    schedule = config.get("SCHEDULE", "tiles")
+    if schedule == "tma":
+        split = 1  # the persistent kernel takes whole K; split-K stays with the tile kernel
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": config.get("GROUP_M", 8), "SPLIT_K": split,
-            "num_warps": warps, "num_stages": stages}
+            "num_warps": warps, "num_stages": stages, "SCHEDULE": schedule}
 
 
 def precisions(dot: str, allow_tf32: bool) -> list[str]:
@@ -71,7 +75,20 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
     default = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32 if ieee else 64, "GROUP_M": 8, "SPLIT_K": split,
                "num_warps": 8 if n_b * bm * bn >= 128 * 256 else 4, "num_stages": 3}
     space = {key: _first(default[key], values) for key, values in KNOBS.items()}
+    if has_tma():
+        # "tma": the persistent kernel reading through tensor descriptors (Hopper's TMA); where an operand's layout
+        # does not allow it, the launcher runs the tile kernel instead
+        space["SCHEDULE"] = ["tiles", "tma"]
     return {**space, "INPUT_PRECISION": precisions(dot, allow_tf32)} if dot == "tl.float32" else space
+
+
+def has_tma() -> bool:
+    """Whether this Triton builds tensor descriptors inside kernels (3.6 and later do)."""
+    try:
+        import triton.language as tl
+    except ImportError:
+        return False
+    return hasattr(tl, "make_tensor_descriptor")
 
 
 def fit_fused(config: dict[str, Any], s0: dict[str, int], s1: dict[str, int], itemsize: int) -> dict[str, Any]:
@@ -124,7 +141,20 @@ def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[
               f"EVEN_K=K % {bk * sk} == 0, UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "
               f"num_stages={cfg['num_stages']}")
     extra_strides = "".join(f"{s}, " for s in _launch_strides(st))
-    if sk == 1:
+    if sk == 1 and cfg.get("SCHEDULE") == "tma":
+        flags = "".join(f"B{j}_T=b{j}.stride(2) != 1, " for j in range(nb))
+        lines += [f"    if {name}_tma_ok(a, {bs}):",
+                  "        if a.is_cuda:",
+                  f"            triton.set_allocator({name}_scratch)  # the descriptors' scratch memory",
+                  f"        sms = {name}_sms(a.device)",
+                  f"        tiles = Bt * triton.cdiv(M, {bm}) * triton.cdiv(N, {bn})",
+                  f"        {name}_{tag}_tma[(max(1, min(sms, tiles)),)](a, {bs}, *e, *o, Bt, M, N, K, {strides}"
+                  f"{extra_strides}BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, GROUP_M={cfg['GROUP_M']}, NUM_SMS=sms, "
+                  f"A_T=a.stride(2) != 1, {flags}UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "
+                  f"num_stages={cfg['num_stages']})",
+                  "    else:",
+                  f"        {name}_{tag}_kernel[{grid}](a, {bs}, *e, *o, M, N, K, {strides}{extra_strides}{consts})"]
+    elif sk == 1:
         lines.append(f"    {name}_{tag}_kernel[{grid}](a, {bs}, *e, *o, M, N, K, {strides}{extra_strides}{consts})")
     else:
         rm, rn = REDUCE_BLOCK
@@ -153,6 +183,10 @@ def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: 
     parts = [gemm_kernel(name, st, cfg["SPLIT_K"], prec)]
     if st["tag"] == "s0":
         parts.append(upcast_flag(name, f"{name}_s0_kernel"))
+    if cfg["SCHEDULE"] == "tma":
+        parts.append(tma_kernel(name, st, prec))
+        if st["tag"] == "s0":
+            parts.append(tma_helpers(name))
     if cfg["SPLIT_K"] > 1:
         parts.append(reduce_kernel(name, st))
     return parts + [prep_text(name, st, params), stage_text(name, st, cfg, params)]
