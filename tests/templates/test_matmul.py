@@ -174,6 +174,27 @@ def test_two_layer_towers(tmp_path, dtype):
     check(template, match, g, [{"FUSE": True}, {"FUSE": False}, {"FUSE": True, "BLOCK_N": 32, "BLOCK_M": 32}])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_task_towers_written_with_matmul_are_claimed_as_towers(tmp_path, dtype):
+    """torch.matmul of a shared input with per-task weights traces to bmm on expands; the second layer's expand of
+    the first layer's output changes nothing. Both layers are one towers region (not attention), down to one logit
+    per task."""
+    init = """
+        self.w1 = nn.Parameter(torch.randn(3, 40, 24) / 6)
+        self.b1 = nn.Parameter(torch.randn(3, 1, 24) * 0.1)
+        self.w2 = nn.Parameter(torch.randn(3, 24, 1) / 5)
+        self.b2 = nn.Parameter(torch.randn(3, 1, 1) * 0.1)
+    """
+    forward = """
+        h = torch.relu(torch.matmul(args[0].unsqueeze(0), self.w1) + self.b1)
+        return torch.sigmoid(torch.matmul(h, self.w2) + self.b2).squeeze(-1).transpose(0, 1)
+    """
+    g = capture_problem(tmp_path, forward, "[torch.randn(33, 40)]", init, dtype)
+    (match,) = find_all(g)
+    assert match.family == "batched_matmul" and sum(op_name(n) == "bmm" for n in match.nodes) == 2
+    check(BatchedSmallTemplate(), match, g, [{"FUSE": True}, {"FUSE": False}])
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_towers_claimed_whole(tmp_path, dtype):
     """Half baddbmm layers trace as up-casts, fp32 bmm, bias add and a down-cast: one match holds them all (the bias

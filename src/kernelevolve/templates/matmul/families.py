@@ -186,7 +186,9 @@ class BatchedSmallTemplate:
         if g1 is None or shape(g0)[-1] > MAX_FUSED_H:
             return None
         a1 = operand(gemm_parts(g1)[0], {g1}, taken | set(region0))
-        keeps = all(op_name(c) in CASTS or (op_name(c) in VIEWS and _keeps_order(c)) for c in a1.nodes)
+        # views that keep the order, and expands that change nothing (matmul's broadcast of an already full batch)
+        keeps = all(op_name(c) in CASTS or (op_name(c) in VIEWS and _keeps_order(c))
+                    or (op_name(c) == "expand" and shape(c) == shape(c.args[0])) for c in a1.nodes)
         if a1.source is not hn or not keeps or shape(gemm_parts(g1)[0]) != shape(g0):
             return None
         a1.lead = None
