@@ -77,11 +77,17 @@ def write_small_copy(path: Path, dest_dir: Path) -> Path:
     return dest
 
 
+def gemm_paths() -> list[Path]:
+    """The GEMM family's problems (bench/problems/gemm), kept out of the default suite."""
+    return sorted((PROBLEMS / "gemm").glob("*.py"))
+
+
 def problem_paths(patterns: list[str] | None) -> list[Path]:
     """All suite problems, or those named: a path, a file stem, a glob on stems, or a stem prefix."""
     every = sorted(p for p in PROBLEMS.glob("*.py") if p.name not in EXCLUDE)
     if not patterns:
         return every
+    every += gemm_paths()  # named, or matched by a pattern: the GEMM family's problems too
     chosen: list[Path] = []
     for pat in patterns:
         if Path(pat).is_file():

@@ -11,7 +11,7 @@ from kernelevolve.propose.template import plan_problem
 from tests.benchsuite import load_suite
 
 suite = load_suite()
-PROBLEMS = suite.problem_paths(None)
+PROBLEMS = suite.problem_paths(None) + suite.gemm_paths()
 
 
 @pytest.mark.parametrize("path", PROBLEMS, ids=[p.stem for p in PROBLEMS])

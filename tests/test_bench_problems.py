@@ -12,7 +12,7 @@ from kernelevolve.problem import as_outputs, build_model, import_module_from_pat
 
 
 suite = load_suite()
-PROBLEMS = suite.problem_paths(None)
+PROBLEMS = suite.problem_paths(None) + suite.gemm_paths()
 
 
 def test_suite_has_the_problems() -> None:
