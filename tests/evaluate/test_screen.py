@@ -174,3 +174,17 @@ def test_a_process_that_failed_a_candidate_is_not_kept(screener, candidate, tmp_
     pids = _pids(log)
     assert pids["crash"][0] != pids["next"][0], pids
     one.close()
+
+
+def test_a_kept_process_that_died_waiting_blames_no_candidate(screener, candidate, tmp_path):
+    import os
+    import signal
+
+    log = tmp_path / "imports.txt"
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=1))
+    assert one.screen([_logging(candidate, log, "a")])[0].ok
+    for pid in _pids(log)["a"]:
+        os.kill(int(pid), signal.SIGKILL)
+    result = one.screen([_logging(candidate, log, "b")])[0]
+    assert result.ok, result
+    one.close()

@@ -95,9 +95,14 @@ class Screener:
         self.close()
 
     def _acquire(self, name: str, gpu: int | None) -> Child | None:
-        with self._live_lock:
-            kept = self._idle.get((name, gpu))
-            return kept.pop() if kept else None
+        """A kept child of this stage and GPU that is still alive (one that died waiting is nobody's fault)."""
+        while True:
+            with self._live_lock:
+                kept = self._idle.get((name, gpu))
+                child = kept.pop() if kept else None
+            if child is None or child.proc.is_alive():
+                return child
+            child.kill()
 
     def _keep(self, name: str, gpu: int | None, child: Child) -> None:
         """Put a child that ended its share of a batch fit back for the next batch, emptied of its last candidate."""
@@ -266,6 +271,7 @@ class Screener:
             child = Child(job, self.config.timeout_s)
             child.answered = 0  # candidates it has answered, over every batch
         fit = False
+        answered = 0  # in this batch
         try:
             with self._working(child):
                 if fresh:
@@ -293,6 +299,7 @@ class Screener:
                     out[i] = r
                     current[0] = None
                     child.answered += 1
+                    answered += 1
                     if r.status not in _FIT_AFTER and not r.ok:
                         break
             return None, -1
@@ -302,6 +309,12 @@ class Screener:
             return ScreenResult(Status.TIMEOUT, f"no answer within {limit:g} s in the screen's {name} stage; "
                                                 "process group killed"), child.answered
         except ChildDied as e:
+            if not fresh and answered == 0 and current[0] is not None:
+                # a kept process that dies on its first candidate of the batch may have died waiting: that
+                # candidate goes to a fresh process, and is blamed only there
+                todo.appendleft(current[0])
+                current[0] = None
+                return None, -1
             return ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)"), child.answered
         except _Verdict as v:
             return ScreenResult(v.status, v.reason), child.answered
