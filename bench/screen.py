@@ -32,8 +32,9 @@ sys.path.insert(0, str(HERE))
 import suite  # noqa: E402  (bench/suite.py)
 
 
-def sample_configs(proposer: Any, plan: Any, n: int, seed: int) -> list[tuple[str, dict]]:
-    """The default genome, then up to ``n - 1`` distinct random genomes of the plan's spaces that render."""
+def sample_configs(proposer: Any, plan: Any, n: int, seed: int) -> list[tuple[str, str, dict]]:
+    """(label, source, genome): the default genome, then up to ``n - 1`` random genomes of the plan's spaces that
+    render to distinct kernels."""
     from kernelevolve.propose.template import genome_key
 
     rng = random.Random(seed)
@@ -52,7 +53,7 @@ def sample_configs(proposer: Any, plan: Any, n: int, seed: int) -> list[tuple[st
             kernel = None if source is None else source.replace(f"({label})", "")
             if kernel is not None and kernel not in kernels:
                 kernels.add(kernel)
-                out.append((label, source))
+                out.append((label, source, genome))
         genome = {r.key: {k: rng.choice(v) for k, v in r.space.items()} for r in plan.regions}
     return out
 
@@ -79,7 +80,8 @@ def run_problem(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     if plan.error or not plan.regions:
         return dict(row, error=plan.error or "no template family claims this problem")
     configs = sample_configs(proposer, plan, args.configs, args.seed)
-    cands = [Candidate(src, proposer="template", language="triton", meta={"label": label}) for label, src in configs]
+    cands = [Candidate(src, proposer="template", language="triton", meta={"label": label})
+             for label, src, _ in configs]
     work = Path(tempfile.mkdtemp(prefix=f"screen-{path.stem}-"))
     ev = Evaluator(problem, EvalConfig(device=args.device, timeout_s=args.timeout,
                                        timing=TimingConfig(budget_ms=args.timing_budget_ms)), work)
@@ -101,13 +103,16 @@ def run_problem(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     judged = []
     for ms, k in timed[:args.judge]:
         j = ev.evaluate(cands[k])
-        judged.append({"label": configs[k][0], "screen_ms": ms, "judge_status": j.status.value,
+        judged.append({"label": configs[k][0], "genome": configs[k][2], "screen_ms": ms,
+                       "judge_status": j.status.value,
                        "judge_ms": j.runtime_ms if j.ok and j.timed else None, "judge_wall_s": j.wall_s})
     pairs = [(d["screen_ms"], d["judge_ms"]) for d in judged if d["judge_ms"] is not None]
     return dict(row, configs=len(cands), screened=len(results), statuses=statuses, screen_wall_s=round(wall, 2),
                 per_gpu_minute=round(len(results) / wall * 60, 1) if wall > 0 else None,
                 fastest_screen_ms=timed[0][0] if timed else None, judged=judged,
                 stage_s={k: round(sum(b[k] for b in stages), 2) for k in ("reference_s", "check_s", "time_s")},
+                samples=[{"genome": g, "status": r.status.value, "ms": r.ms, "first_call_s": r.first_call_s}
+                         for (_, _, g), r in zip(configs, results)],
                 batches=stages, first_call_s=dict(
                     median=statistics.median(compiles) if compiles else None, max=compiles[-1] if compiles else None,
                     over_10s=sum(c > 10 for c in compiles)),

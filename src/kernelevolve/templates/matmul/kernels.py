@@ -133,11 +133,13 @@ def tma_kernel(name: str, st: dict[str, Any], prec: str) -> str:
             "                                       block_shape=[1, BLOCK_M, BLOCK_K])"]
     for j in range(nb):
         body += [f"if B{j}_T:",
-                 f"    b{j}_desc = tl.make_tensor_descriptor(b{j}_ptr, shape=[Bt, N, K], strides=[s_b{j}b, s_b{j}n, 1],",
-                 "                                        block_shape=[1, BLOCK_N, BLOCK_K])",
+                 f"    b{j}_desc = tl.make_tensor_descriptor(b{j}_ptr, shape=[Bt, N, K], "
+                 f"strides=[s_b{j}b, s_b{j}n, 1],",
+                 "        block_shape=[1, BLOCK_N, BLOCK_K])",
                  "else:",
-                 f"    b{j}_desc = tl.make_tensor_descriptor(b{j}_ptr, shape=[Bt, K, N], strides=[s_b{j}b, s_b{j}k, 1],",
-                 "                                        block_shape=[1, BLOCK_K, BLOCK_N])"]
+                 f"    b{j}_desc = tl.make_tensor_descriptor(b{j}_ptr, shape=[Bt, K, N], "
+                 f"strides=[s_b{j}b, s_b{j}k, 1],",
+                 "        block_shape=[1, BLOCK_K, BLOCK_N])"]
     body += ["grid_m = tl.cdiv(M, BLOCK_M)", "grid_n = tl.cdiv(N, BLOCK_N)", "per_batch = grid_m * grid_n",
              "width = GROUP_M * grid_n", "k_tiles = tl.cdiv(K, BLOCK_K)",
              "for tile in range(tl.program_id(0), Bt * per_batch, NUM_SMS):"]
