@@ -106,6 +106,10 @@ def run_problem(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         judged.append({"label": configs[k][0], "genome": configs[k][2], "screen_ms": ms,
                        "judge_status": j.status.value,
                        "judge_ms": j.runtime_ms if j.ok and j.timed else None, "judge_wall_s": j.wall_s})
+    if args.baseline:  # the reference by the judge, eager and under torch.compile, for scale
+        base = ev.baseline()
+        row.update(eager_ms=base.eager.median_ms if base.eager else None,
+                   compile_ms=base.compiled.median_ms if base.compiled else None)
     pairs = [(d["screen_ms"], d["judge_ms"]) for d in judged if d["judge_ms"] is not None]
     return dict(row, configs=len(cands), screened=len(results), statuses=statuses, screen_wall_s=round(wall, 2),
                 per_gpu_minute=round(len(results) / wall * 60, 1) if wall > 0 else None,
@@ -132,6 +136,7 @@ def main() -> int:
     ap.add_argument("--template-timeout", type=float, default=30.0, help="a template candidate's, on the GPU")
     ap.add_argument("--timing-budget-ms", type=float, default=300.0, help="the judge's")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline", action="store_true", help="judge eager and torch.compile as well, for scale")
     ap.add_argument("--small", action="store_true", help="the problems at their SMALL sizes (for the CPU)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -163,6 +168,8 @@ def main() -> int:
         print(f"{r['problem']:<28} {r['screened']:>7} {fmt(r['per_gpu_minute'], '.1f'):>11} "
               f"{fmt(r['fastest_screen_ms'], '.4g'):>10} {fmt(r['median_judge_over_screen'], '.3f'):>12} "
               f"{fmt(r['spearman'], '.2f'):>9}  {r['statuses']}")
+        if "eager_ms" in r:
+            print(f"{'':<28} eager {fmt(r['eager_ms'], '.4g')} ms, torch.compile {fmt(r['compile_ms'], '.4g')} ms")
         st, fc = r["stage_s"], r["first_call_s"]
         print(f"{'':<28} reference {st['reference_s']:.1f} s, check {st['check_s']:.1f} s, time {st['time_s']:.1f} s;"
               f" first call median {fmt(fc['median'], '.2f')} s, max {fmt(fc['max'], '.1f')} s, "
