@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python3 bench/suite.py --device cuda --gpus 8 --budget-s 300 --json bench/results/suite.json
     TRITON_INTERPRET=1 python3 bench/suite.py --device cpu --small --problems softmax_bf16 layernorm --budget-s 20
+    PYTHONPATH=src python3 bench/suite.py --device cuda --budget-s 40 --again-s 120   # two budgets, one set of baselines
 
 All timings come from the project's own Evaluator, so the baselines and the optimized kernels are measured by the same
 harness. Each row is written to the JSON as soon as its problem finishes: a run killed by a time limit keeps every
@@ -46,6 +47,10 @@ class SuiteConfig:
     small: bool
     out_dir: Path
     json_path: Path
+    again_s: float | None = None  # a second budget, run from the first run's profile and baselines
+
+
+_REFERENCE: dict[str, tuple[Any, Any]] = {}  # problem stem -> the max-autotune candidate and its result
 
 
 # --- problem files ----------------------------------------------------------------------------------------------------
@@ -117,22 +122,28 @@ def max_autotune_baseline(problem: Any, opt: Any, workdir: Path, store: Any) -> 
     The result is stored under a baseline run: the search's inductor proposer renders the identical file, and the
     store hands it this result instead of compiling and timing it a second time."""
     from kernelevolve.candidate import Candidate
-    from kernelevolve.machine import device_key, versions
     from kernelevolve.optimize import make_evaluator
     from kernelevolve.propose.inductor import SEEDS, render
-    from kernelevolve.store import now
 
     options = dict(SEEDS)[MAX_AUTOTUNE]
     cand = Candidate(render(problem.source, options, MAX_AUTOTUNE), proposer="inductor",
                      meta={"label": MAX_AUTOTUNE, "options": options})
     result = make_evaluator(problem, opt, workdir).evaluate(cand)
-    key = device_key(opt.device)
-    run = store.create_run(problem, opt.device, key, {"baseline": MAX_AUTOTUNE}, versions())
+    _REFERENCE[problem.name] = (cand, result)
+    register_max_autotune(store, problem, opt.device, cand, result)
+    ms = result.runtime_ms if result.ok and result.timed else None
+    return ms, f"{result.status.value}: {result.reason}"
+
+
+def register_max_autotune(store: Any, problem: Any, device: str, cand: Any, result: Any) -> None:
+    from kernelevolve.machine import device_key, versions
+    from kernelevolve.store import now
+
+    key = device_key(device)
+    run = store.create_run(problem, device, key, {"baseline": MAX_AUTOTUNE}, versions())
     node = store.add_node(run, problem.sha, key, cand)
     store.save_result(node.id, result)
     store.update_run(run, status="finished", finished=now(), stop_reason=f"baseline: {MAX_AUTOTUNE}")
-    ms = result.runtime_ms if result.ok and result.timed else None
-    return ms, f"{result.status.value}: {result.reason}"
 
 
 def best_found(store: Any, run_id: int) -> dict[str, Any]:
@@ -191,31 +202,71 @@ def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
         row["max_autotune_ms"], row["max_autotune_status"] = max_autotune_baseline(problem, opt, work / ".max-autotune",
                                                                                     store)
         outcome = optimize(src, opt, store, work)
-        run = store.run(outcome.run_id)
-        base, prof = run.baseline, run.profile
-        row.update(eager_ms=base.eager.median_ms if base and base.eager else None,
-                   compile_ms=base.compiled.median_ms if base and base.compiled else None,
-                   compile_s=base.compile_s if base else None, floor_ms=prof.floor_ms if prof else None,
-                   floor_source=prof.ceilings_source if prof else None, bound=prof.bound if prof else None,
-                   dtype=prof.dtype if prof else row["dtype"], run_id=outcome.run_id)
-        row.update(best_found(store, outcome.run_id))
-        if row.get("kernelevolve_ms") is not None and row.get("eager_ms") and row["kernelevolve_ms"] > row["eager_ms"]:
-            # the run returns the reference itself when no candidate beats eager (best.py says so)
-            row.update(kernelevolve_ms=row["eager_ms"], best_proposer="reference", best_label="eager",
-                       fastest_candidate_ms=row["kernelevolve_ms"])
-            row["notes"].append("no candidate beat eager: the run returned the reference")
-        fill_speedups(row)
-        row["status"] = "ok" if row.get("kernelevolve_ms") is not None else "no verified timed kernel"
-        if base and base.error:
-            row["notes"].append(f"baseline: {base.error}")
-        if row["max_autotune_ms"] is None:
-            row["notes"].append(f"max-autotune {row['max_autotune_status']}"[:300])
-        if row["suspect"]:
-            row["notes"].append("suspect: faster than the roofline floor or >10x over eager")
+        fill_row(row, store, outcome.run_id)
     except Exception as e:  # one problem's failure is recorded and the suite goes on
         row["error"] = f"{type(e).__name__}: {e}"[:1000]
     row["wall_s"] = round(time.monotonic() - t0, 1)
     return row
+
+
+def run_again(path: Path, cfg: SuiteConfig, store: Any, first: dict[str, Any], first_store: Any) -> dict[str, Any]:
+    """The problem once more with the budget ``cfg.again_s``, in a store of its own (no result or experience of the
+    first run is reused), from the first run's profile, eager and torch.compile baselines and max-autotune result:
+    what differs between the two rows is the search alone."""
+    from kernelevolve.machine import device_key, versions
+    from kernelevolve.optimize import OptimizeConfig, optimize
+    from kernelevolve.problem import load_problem
+
+    t0 = time.monotonic()
+    row: dict[str, Any] = {"problem": path.stem, "status": "error", "notes": ["profile and baselines of the first run"]}
+    try:
+        if first.get("run_id") is None or path.stem not in _REFERENCE:
+            raise SuiteError("the first run has no baselines to start from")
+        src = write_small_copy(path, cfg.out_dir / "small") if cfg.small else path
+        problem = load_problem(src, cfg.device)
+        row["dtype"] = first.get("dtype")
+        opt = OptimizeConfig(device=cfg.device, proposers=cfg.proposers, max_evals=cfg.max_evals,
+                             time_budget_s=cfg.again_s, stall=None, timing_budget_ms=cfg.timing_budget_ms)
+        cand, result = _REFERENCE[path.stem]
+        register_max_autotune(store, problem, cfg.device, cand, result)
+        row["max_autotune_ms"], row["max_autotune_status"] = first["max_autotune_ms"], first["max_autotune_status"]
+        old = first_store.run(first["run_id"])
+        run_id = store.create_run(problem, cfg.device, device_key(cfg.device), opt.to_dict(), versions())
+        store.update_run(run_id, baseline=old.baseline, profile=old.profile)
+        outcome = optimize(src, opt, store, cfg.out_dir / f"{path.stem}-{cfg.again_s:g}s", resume=run_id)
+        fill_row(row, store, outcome.run_id)
+    except Exception as e:  # one problem's failure is recorded and the suite goes on
+        row["error"] = f"{type(e).__name__}: {e}"[:1000]
+    row["wall_s"] = round(time.monotonic() - t0, 1)
+    return row
+
+
+def fill_row(row: dict[str, Any], store: Any, run_id: int) -> None:
+    """The row's baselines, profile, search counts and speedups from the finished run ``run_id``."""
+    run = store.run(run_id)
+    base, prof = run.baseline, run.profile
+    row.update(eager_ms=base.eager.median_ms if base and base.eager else None,
+               compile_ms=base.compiled.median_ms if base and base.compiled else None,
+               compile_s=base.compile_s if base else None, floor_ms=prof.floor_ms if prof else None,
+               floor_source=prof.ceilings_source if prof else None, bound=prof.bound if prof else None,
+               dtype=prof.dtype if prof else row["dtype"], run_id=run_id)
+    row.update(best_found(store, run_id))
+    if row.get("time_to_best_s") is not None:  # from the search's start: less the profile and the baselines
+        row["search_to_best_s"] = round(max(0.0, row["time_to_best_s"] - run.phases.get("profile_s", 0.0)
+                                                 - run.phases.get("baseline_s", 0.0)), 1)
+    if row.get("kernelevolve_ms") is not None and row.get("eager_ms") and row["kernelevolve_ms"] > row["eager_ms"]:
+        # the run returns the reference itself when no candidate beats eager (best.py says so)
+        row.update(kernelevolve_ms=row["eager_ms"], best_proposer="reference", best_label="eager",
+                   fastest_candidate_ms=row["kernelevolve_ms"])
+        row["notes"].append("no candidate beat eager: the run returned the reference")
+    fill_speedups(row)
+    row["status"] = "ok" if row.get("kernelevolve_ms") is not None else "no verified timed kernel"
+    if base and base.error:
+        row["notes"].append(f"baseline: {base.error}")
+    if row["max_autotune_ms"] is None:
+        row["notes"].append(f"max-autotune {row['max_autotune_status']}"[:300])
+    if row["suspect"]:
+        row["notes"].append("suspect: faster than the roofline floor or >10x over eager")
 
 
 # --- the suite --------------------------------------------------------------------------------------------------------
@@ -266,13 +317,33 @@ def run_serial(paths: list[Path], cfg: SuiteConfig, db: Path) -> list[dict[str, 
     for suffix in ("", "-wal", "-shm"):  # a fresh store per invocation: no result is reused from an earlier one
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     head, rows, store = header(cfg), [], Store(db)
+    again = again_store = None
+    if cfg.again_s is not None:
+        again_db = db.with_name(f"{db.stem}-{cfg.again_s:g}s{db.suffix}")
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{again_db}{suffix}").unlink(missing_ok=True)
+        again, again_store = [], Store(again_db)
+        again_head = dict(head, budget_s=cfg.again_s, first_budget_s=cfg.budget_s)
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.stem} ...", flush=True)
         rows.append(run_problem(path, cfg, store))
         write_json(cfg.json_path, head, rows)
         print(f"[{i}/{len(paths)}] {path.stem}: {progress_line(rows[-1])}", flush=True)
+        if again is not None:
+            again.append(run_again(path, cfg, again_store, rows[-1], store))
+            write_json(again_path(cfg), again_head, again)
+            print(f"[{i}/{len(paths)}] {path.stem} at {cfg.again_s:g} s: {progress_line(again[-1])}", flush=True)
     store.close()
+    if again_store is not None:
+        again_store.close()
+        print_table(again, summarize(again))
+        print(f"rows at {cfg.again_s:g} s: {again_path(cfg)}")
     return rows
+
+
+def again_path(cfg: SuiteConfig) -> Path:
+    """Where the rows of the second budget go: beside the first JSON, named for the budget."""
+    return cfg.json_path.with_name(f"{cfg.json_path.stem}-{cfg.again_s:g}s{cfg.json_path.suffix}")
 
 
 def progress_line(row: dict[str, Any]) -> str:
@@ -378,6 +449,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--problems", nargs="+", help="file stems, globs on stems, stem prefixes or paths")
     ap.add_argument("--proposer", default="template,inductor", help="comma-separated proposer names")
     ap.add_argument("--budget-s", type=float, default=60.0, help="search time per problem")
+    ap.add_argument("--again-s", type=float, help="run each problem once more with this budget, from the first run's "
+                    "profile and baselines, in a store of its own (rows in JSON-<budget>s.json)")
     ap.add_argument("--max-evals", type=int, default=40)
     ap.add_argument("--gpus", type=int, default=1, help="split the problems across N GPUs, one process each")
     ap.add_argument("--json", type=Path, help="default: OUT_DIR/suite.json")
@@ -407,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out_dir = args.out_dir.resolve()
     cfg = SuiteConfig(device, tuple(p for p in args.proposer.split(",") if p), args.budget_s, args.max_evals,
-                      args.timing_budget_ms, args.small, out_dir, (args.json or out_dir / "suite.json").resolve())
+                      args.timing_budget_ms, args.small, out_dir, (args.json or out_dir / "suite.json").resolve(),
+                      args.again_s)
     from kernelevolve.propose import ProposerError, make_proposers
 
     try:
@@ -418,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
             run_serial(paths[i::n], cfg, out_dir / f"suite-shard{i}.db")
             return 0
         if args.gpus > 1 and device == "cuda":
+            if args.again_s is not None:
+                raise SuiteError("--again-s runs on one GPU (serially), not with --gpus")
             rows = run_sharded(paths, cfg, args.gpus, _without(argv, ("--gpus", "--json")))
         else:
             rows = run_serial(paths, cfg, out_dir / "suite.db")

@@ -59,3 +59,21 @@ def test_speedups_and_summary() -> None:
     summary = suite.summarize([row, {"problem": "x", "status": "error"}])
     assert summary["fast_1_eager"] == 0.5 and summary["geomean_speedup_compile"] == 2.0
     assert summary["at_least_best_baseline"] == 1 and summary["errors"] == 1
+
+
+@pytest.mark.slow
+def test_a_second_budget_starts_from_the_first_runs_baselines(tmp_path: Path, monkeypatch) -> None:
+    """--again-s: the second row has the first row's baselines and max-autotune time, measured once, and a search of
+    its own in a store of its own."""
+    import json
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = tmp_path / "suite"
+    assert suite.main(["--device", "cpu", "--small", "--problems", "layernorm_fp32", "--budget-s", "2",
+                       "--again-s", "3", "--max-evals", "2", "--out-dir", str(out)]) == 0
+    (first,) = json.loads((out / "suite.json").read_text())["rows"]
+    second_file = json.loads((out / "suite-3s.json").read_text())
+    (second,) = second_file["rows"]
+    assert second_file["budget_s"] == 3 and second["status"] == "ok", second
+    assert (second["eager_ms"], second["max_autotune_ms"]) == (first["eager_ms"], first["max_autotune_ms"])
+    assert second["evals"] >= 1 and (out / "suite-3s.db").exists()
