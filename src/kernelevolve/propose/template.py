@@ -277,11 +277,12 @@ def _ranked(nodes: list[Any]) -> list[Any]:
 
 
 def _prior_knobs(bound: str | None, space: dict[str, list[Any]]) -> list[str]:
-    """Knobs worth a first variation: tile shape when compute-bound, parallelism when memory- or latency-bound. fp32
-    products come first whatever the bound: on H200 the exact-FMA dot of the fp32 DLRM interaction and DCN templates
-    ran 1.9x slower than cuBLAS, and tf32x3 moves them onto tensor cores at about fp32 accuracy."""
+    """Knobs worth a first variation: schedule (the persistent TMA GEMM) and tile shape when compute-bound,
+    parallelism when memory- or latency-bound. fp32 products come first whatever the bound: on H200 the exact-FMA dot
+    of the fp32 DLRM interaction and DCN templates ran 1.9x slower than cuBLAS, and tf32x3 moves them onto tensor
+    cores at about fp32 accuracy."""
     if bound == "compute":
-        order = ["BLOCK_M", "BLOCK_N", "num_stages"]
+        order = ["SCHEDULE", "BLOCK_M", "BLOCK_N", "num_stages"]
     elif bound == "latency":
         order = ["num_warps", "BLOCK_R", "BLOCK"]
     else:
