@@ -188,3 +188,37 @@ def test_a_kept_process_that_died_waiting_blames_no_candidate(screener, candidat
     result = one.screen([_logging(candidate, log, "b")])[0]
     assert result.ok, result
     one.close()
+
+
+def test_a_batch_started_after_cancel_does_not_undo_it(screener, candidate, tmp_path):
+    import threading
+    import time
+
+    log = tmp_path / "imports.txt"
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=120.0, parallel=1))
+    first: list = []
+    worker = threading.Thread(target=lambda: first.extend(one.screen([_logging(candidate, log, "slow", 60.0)])))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "slow" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    one.cancel()
+    later = one.screen([_logging(candidate, log, "later")])  # starts after the cancel: runs, and cancels nothing back
+    worker.join(timeout=30)
+    assert not worker.is_alive() and first[0].harness, first
+    assert later[0].ok, later
+    one.close()
+
+
+def test_a_crash_on_a_kept_process_is_retried_on_a_fresh_one_not_the_next_kept(screener, candidate, tmp_path):
+    log = tmp_path / "imports.txt"
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=2))
+    assert all(r.ok for r in one.screen([_logging(candidate, log, f"w{i}") for i in range(2)]))
+    assert len(one._idle[("check", None)]) == 2
+    crash = Candidate(_logging(candidate, log, "crash").source.replace(
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n",
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        import os; os._exit(3)\n"))
+    (result,) = one.screen([crash])
+    assert result.status is Status.CRASHED, result
+    assert len(one._idle[("check", None)]) == 1  # one kept process lost to the crash, the other still kept
+    one.close()

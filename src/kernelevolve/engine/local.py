@@ -46,6 +46,7 @@ class LocalPool:
         for gpu in gpu_slots(evaluator.config.device, workers):
             self._slots.put(gpu)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kernelevolve-eval")
+        self._screens: set[Future[list[ScreenResult]]] = set()  # batches submitted and not done
 
     def baseline(self, compiled: bool = True) -> Baseline:
         return self.evaluator.baseline(compiled=compiled)
@@ -60,10 +61,16 @@ class LocalPool:
 
     def screen(self, candidates: list[Candidate]) -> Future[list[ScreenResult]]:
         """Screen a batch on one worker's GPU (it holds that slot until the batch is done)."""
-        return self._pool.submit(self._screen, candidates)
+        fut = self._pool.submit(self._screen, candidates)
+        self._screens.add(fut)
+        fut.add_done_callback(self._screens.discard)
+        return fut
 
     def cancel_screens(self) -> None:
-        """End the batches being screened (the search stopped): what they had not screened comes back unscreened."""
+        """End the batches being screened (the search stopped): those not started yet are cancelled, and what the
+        others had not screened comes back unscreened."""
+        for fut in list(self._screens):
+            fut.cancel()
         self.screener.cancel()
 
     def _screen(self, candidates: list[Candidate]) -> list[ScreenResult]:

@@ -77,7 +77,7 @@ class Screener:
         self.evaluator, self.config = evaluator, config or ScreenConfig()
         # where each recent batch's wall time went: candidates, check processes, seconds in each stage
         self.stats: deque[dict[str, float]] = deque(maxlen=256)
-        self._cancelled = threading.Event()
+        self._batches: set[threading.Event] = set()  # the cancel flags of the batches in flight
         self._live: set[Child] = set()  # the children at work, for cancel()
         self._live_lock = threading.Lock()
         self._idle: dict[tuple[str, int | None], list[Child]] = {}  # kept between batches, by stage and GPU
@@ -122,34 +122,39 @@ class Screener:
 
     def cancel(self) -> None:
         """End the batches being screened now (the search stopped): their children are killed, and the candidates
-        not yet screened come back marked as the screen's own failure (``harness``), blaming none of them."""
-        self._cancelled.set()
+        not yet screened come back marked as the screen's own failure (``harness``), blaming none of them. A batch
+        that starts later is not affected."""
         with self._live_lock:
-            live = list(self._live)
-        for child in live:
-            child._kill_processes()
+            for flag in self._batches:
+                flag.set()
+            for child in self._live:  # under the lock: a child its thread has let go of is not ours to kill
+                child._kill_processes()
 
     def screen(self, candidates: list[Candidate], gpu: int | None = None,
                on_screened: OnScreened | None = None) -> list[ScreenResult]:
         """One ScreenResult per candidate, in their order. Never raises for a candidate's fault."""
         if not candidates:
             return []
-        self._cancelled.clear()
         ev = self.evaluator
         paths = []
         for k, cand in enumerate(candidates):
             path = ev.workdir / f"screen_{cand.sha[:12]}_{fresh_seed() % 10**6}_{k}.py"
             path.write_text(cand.source)
             paths.append(str(path))
+        cancelled = threading.Event()  # this batch's: cancel() sets every batch's in flight
+        with self._live_lock:
+            self._batches.add(cancelled)
         try:
-            return self._screen(candidates, paths, gpu, on_screened)
+            return self._screen(candidates, paths, gpu, on_screened, cancelled)
         finally:
+            with self._live_lock:
+                self._batches.discard(cancelled)
             for p in paths:
                 with contextlib.suppress(OSError):
                     os.unlink(p)
 
     def _screen(self, candidates: list[Candidate], paths: list[str], gpu: int | None,
-                on_screened: OnScreened | None) -> list[ScreenResult]:
+                on_screened: OnScreened | None, cancelled: threading.Event) -> list[ScreenResult]:
         ev, n = self.evaluator, len(candidates)
         began = time.monotonic()
         seed = fresh_seed()
@@ -167,7 +172,9 @@ class Screener:
         if not keep:
             self.close()
         checking = time.monotonic()
-        checked.update(self._stage_all("check", list(range(n)), check, gpu, candidates, parallel, keep))
+        deadlines = [self._deadline(c) for c in candidates]
+        checked.update(self._stage_all("check", list(range(n)), check, gpu,
+                                       _Batch(candidates, keep, cancelled, deadlines=deadlines), parallel))
         timing_at = time.monotonic()
         for i in range(n):
             if on_screened is not None and not checked[i].ok:
@@ -181,7 +188,8 @@ class Screener:
             def time_one(child: Child, i: int) -> ScreenResult:
                 return self._time_one(child, paths[i], seeds, checked[i])
 
-            results.update(self._stage_all("time", timed, time_one, gpu, candidates, 1, keep))
+            results.update(self._stage_all("time", timed, time_one, gpu,
+                                           _Batch(candidates, keep, cancelled, deadlines=deadlines), 1))
         done = time.monotonic()
         self.stats.append({"candidates": n, "processes": parallel, "reference_s": checking - began,
                            "check_s": timing_at - checking, "time_s": done - timing_at, "timed": len(timed)})
@@ -193,28 +201,22 @@ class Screener:
 
     # --- stages -----------------------------------------------------------------------------------------------
     def _stage_all(self, name: str, indices: list[int], step: Callable[[Child, int], ScreenResult], gpu: int | None,
-                   candidates: list[Candidate], processes: int, keep: bool = False) -> dict[int, ScreenResult]:
+                   batch: "_Batch", processes: int) -> dict[int, ScreenResult]:
         """Run ``step`` for each index in ``processes`` children at once, which take the next index from one queue as
         each finishes its last: a candidate that is slow to compile holds up one process, not a share of the batch.
-        What no process could take (the screen's own failure) is marked for the judge."""
-        todo: deque[int] = deque(indices)
-        failures: list[str] = []
-
-        def deadline(i: int) -> float:
-            return self._deadline(candidates[i])
-
+        What no process could take (the screen's own failure, or cancel()) is marked for the judge."""
+        batch.todo = deque(indices)
         out: dict[int, ScreenResult] = {}
         if processes <= 1:
-            out.update(self._stage(name, todo, step, gpu, deadline, failures, keep))
+            out.update(self._stage(name, batch, step, gpu))
         else:
             with ThreadPoolExecutor(max_workers=processes, thread_name_prefix="kernelevolve-screen") as pool:
-                for part in pool.map(lambda _: self._stage(name, todo, step, gpu, deadline, failures, keep),
-                                     range(processes)):
+                for part in pool.map(lambda _: self._stage(name, batch, step, gpu), range(processes)):
                     out.update(part)
-        if todo:
-            reason = "the search stopped first" if self._cancelled.is_set() else (
-                failures[-1] if failures else "no process took them")
-            out.update(self._harness_failure(name, todo, reason))
+        if batch.todo:
+            reason = "the search stopped first" if batch.cancelled.is_set() else (
+                batch.failures[-1] if batch.failures else "no process took them")
+            out.update(self._harness_failure(name, batch.todo, reason))
         return out
 
     def _deadline(self, candidate: Candidate) -> float:
@@ -225,45 +227,50 @@ class Screener:
             return min(cfg.timeout_s, cfg.template_timeout_s)
         return cfg.timeout_s
 
-    def _stage(self, name: str, todo: deque[int], step: Callable[[Child, int], ScreenResult], gpu: int | None,
-               deadline: Callable[[int], float], failures: list[str], keep: bool = False) -> dict[int, ScreenResult]:
-        """Take indices from ``todo`` (shared with the stage's other processes) and run ``step`` for each in one
+    def _stage(self, name: str, batch: "_Batch", step: Callable[[Child, int], ScreenResult],
+               gpu: int | None) -> dict[int, ScreenResult]:
+        """Take indices from ``batch.todo`` (shared with the stage's other processes) and run ``step`` for each in one
         child, replacing the child after a candidate that may have left it unfit (anything but a compile error or a
         wrong output), after one that reports it unfit (left behind by an earlier candidate: put back, for a fresh
         child), and after a crash or a hang, which are that candidate's result. The deadline runs only while the
         child works on a candidate. A child that fails on its own side stops this process: its candidate goes back
         to ``todo``, the reason to ``failures``; so does cancel()."""
         out: dict[int, ScreenResult] = {}
-        while todo and not self._cancelled.is_set():
+        fresh = False
+        while batch.todo and not batch.cancelled.is_set():
             current: list[int | None] = [None]
             try:
-                failure, ran = self._one_child(name, todo, step, gpu, deadline, out, current, keep)
+                failure, ran = self._one_child(name, batch, step, gpu, out, current, fresh)
+                fresh = ran == -2
             except (torch.OutOfMemoryError, OSError) as e:  # the parent's own side
                 failure, ran = None, 0
-                failures.append(f"{type(e).__name__}: {str(e)[:200]}")
-            if self._cancelled.is_set() or failure is None:
+                batch.failures.append(f"{type(e).__name__}: {str(e)[:200]}")
+            if batch.cancelled.is_set() or failure is None:
                 if current[0] is not None:  # killed by cancel(), or the parent failed: no fault of its own
-                    todo.appendleft(current[0])
-                if failure is None and not self._cancelled.is_set() and ran < 0:
-                    continue  # the child ended fit or was replaced: the next one takes the rest
+                    batch.todo.appendleft(current[0])
+                if failure is None and not batch.cancelled.is_set() and ran < 0:
+                    continue  # the child ended fit, was replaced or met a candidate for a fresh one
                 return out
             if current[0] is None:  # the process failed before or between candidates: no candidate's doing
                 if not ran:
-                    failures.append(failure.reason)
+                    batch.failures.append(failure.reason)
                     return out
                 continue
             out[current[0]] = failure
         return out
 
-    def _one_child(self, name: str, todo: deque[int], step: Callable[[Child, int], ScreenResult], gpu: int | None,
-                   deadline: Callable[[int], float], out: dict[int, ScreenResult], current: list[int | None],
-                   keep: bool = False) -> tuple[ScreenResult | None, int]:
+    def _one_child(self, name: str, batch: "_Batch", step: Callable[[Child, int], ScreenResult], gpu: int | None,
+                   out: dict[int, ScreenResult], current: list[int | None],
+                   force_fresh: bool = False) -> tuple[ScreenResult | None, int]:
         """One child's share of the stage, in a child kept from an earlier batch or a fresh one: (None, -1) when it
-        ended without a failure (the queue empty, a result after which the process is replaced, or cancel()), else
+        ended without a failure (the queue empty, a result after which the process is replaced, or cancel()), (None,
+        -2) when a kept child met a candidate only a fresh one may take (the caller's next child is fresh), else
         (the failure of the candidate in ``current``, or of the process when ``current`` holds None, and how many
         candidates the child has answered). A fresh child that reports itself unfit is the screen's own failure:
-        OSError, as for the parent's own side. With ``keep``, a child that ends fit is kept for the next batch."""
-        child = self._acquire(name, gpu) if keep else None
+        OSError, as for the parent's own side. With ``batch.keep``, a child that ends fit is kept for the next
+        batch. A kept child that dies on its first candidate of the batch may have died waiting: that candidate is
+        put back for a fresh child (``batch.fresh_only``), and blamed only there."""
+        child = self._acquire(name, gpu) if batch.keep and not force_fresh else None
         fresh = child is None
         if child is None:
             job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
@@ -272,13 +279,14 @@ class Screener:
             child.answered = 0  # candidates it has answered, over every batch
         fit = False
         answered = 0  # in this batch
+        todo = batch.todo
         try:
             with self._working(child):
                 if fresh:
                     _expect(child, "hello")
                     _expect(child, "loaded", send={"cmd": "load"})
                     child.pause()
-                while not self._cancelled.is_set():
+                while not batch.cancelled.is_set():
                     if child.expired:  # while the parent compared the last outputs: no candidate's doing
                         raise ChildTimeout()
                     try:
@@ -287,7 +295,12 @@ class Screener:
                         fit = True
                         break
                     i = current[0]
-                    child.renew(deadline(i))
+                    if not fresh and i in batch.fresh_only:  # another thread's kept child died on it
+                        todo.appendleft(i)
+                        current[0] = None
+                        fit = True  # this child did nothing wrong; the next one for this thread is fresh
+                        raise _WantFresh()
+                    child.renew(batch.deadline(i))
                     r = step(child, i)
                     child.pause()
                     if isinstance(r, _Unfit):
@@ -303,18 +316,19 @@ class Screener:
                     if r.status not in _FIT_AFTER and not r.ok:
                         break
             return None, -1
+        except _WantFresh:
+            return None, -2
         except ChildTimeout:
             i = current[0]
-            limit = self.config.timeout_s if i is None else deadline(i)
+            limit = self.config.timeout_s if i is None else batch.deadline(i)
             return ScreenResult(Status.TIMEOUT, f"no answer within {limit:g} s in the screen's {name} stage; "
                                                 "process group killed"), child.answered
         except ChildDied as e:
             if not fresh and answered == 0 and current[0] is not None:
-                # a kept process that dies on its first candidate of the batch may have died waiting: that
-                # candidate goes to a fresh process, and is blamed only there
+                batch.fresh_only.add(current[0])
                 todo.appendleft(current[0])
                 current[0] = None
-                return None, -1
+                return None, -2
             return ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)"), child.answered
         except _Verdict as v:
             return ScreenResult(v.status, v.reason), child.answered
@@ -322,9 +336,9 @@ class Screener:
             return ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})"), \
                 child.answered
         finally:
-            if fit and keep and not self._cancelled.is_set():
+            if fit and batch.keep and not batch.cancelled.is_set():
                 self._keep(name, gpu, child)
-            else:
+            else:  # out of _live by now: cancel() no longer touches it
                 child.kill()
 
     @contextlib.contextmanager
@@ -411,6 +425,26 @@ def _kill_idle(idle: dict[tuple[str, int | None], list[Child]], lock: threading.
         idle.clear()
     for child in children:
         child.kill()
+
+
+@dataclass(eq=False)
+class _Batch:
+    """What the processes of one stage of one batch share."""
+
+    candidates: list[Candidate]
+    keep: bool  # keep fit processes for the next batch
+    cancelled: threading.Event
+    todo: deque[int] = field(default_factory=deque)  # the indices no process has taken yet
+    failures: list[str] = field(default_factory=list)  # the screen's own failures, for the report
+    fresh_only: set[int] = field(default_factory=set)  # indices a kept process died on: for fresh processes only
+    deadlines: list[float] = field(default_factory=list)  # seconds per candidate and stage
+
+    def deadline(self, i: int) -> float:
+        return self.deadlines[i]
+
+
+class _WantFresh(Exception):
+    """A kept child met a candidate that only a fresh child may take."""
 
 
 class _Once:

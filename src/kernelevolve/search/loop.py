@@ -301,6 +301,9 @@ class _Loop:
 
     def _screened(self, fut: Future[list[ScreenResult]], nodes: list[Node]) -> list[ScreenResult]:
         """The batch's results; a batch whose screen failed as a whole was not screened (each goes to the judge)."""
+        if fut.cancelled():  # by cancel_screens(), before it started
+            return [ScreenResult(Status.RUNTIME_ERROR, "not screened: the search stopped first", harness=True)] \
+                * len(nodes)
         try:
             results = fut.result()
             if len(results) == len(nodes):
