@@ -174,7 +174,7 @@ class Screener:
         checking = time.monotonic()
         deadlines = [self._deadline(c) for c in candidates]
         checked.update(self._stage_all("check", list(range(n)), check, gpu,
-                                       _Batch(candidates, keep, cancelled, deadlines=deadlines), parallel))
+                                       _Batch(keep, cancelled, deadlines=deadlines), parallel))
         timing_at = time.monotonic()
         for i in range(n):
             if on_screened is not None and not checked[i].ok:
@@ -189,7 +189,7 @@ class Screener:
                 return self._time_one(child, paths[i], seeds, checked[i])
 
             results.update(self._stage_all("time", timed, time_one, gpu,
-                                           _Batch(candidates, keep, cancelled, deadlines=deadlines), 1))
+                                           _Batch(keep, cancelled, deadlines=deadlines), 1))
         done = time.monotonic()
         self.stats.append({"candidates": n, "processes": parallel, "reference_s": checking - began,
                            "check_s": timing_at - checking, "time_s": done - timing_at, "timed": len(timed)})
@@ -431,7 +431,6 @@ def _kill_idle(idle: dict[tuple[str, int | None], list[Child]], lock: threading.
 class _Batch:
     """What the processes of one stage of one batch share."""
 
-    candidates: list[Candidate]
     keep: bool  # keep fit processes for the next batch
     cancelled: threading.Event
     todo: deque[int] = field(default_factory=deque)  # the indices no process has taken yet
