@@ -198,6 +198,11 @@ class NamedProposer(FakeProposer):
     def __init__(self, name: str, sources: list[str], weight: int = 1):
         super().__init__(sources)
         self.name, self.weight = name, weight
+        self.asked: list[int] = []  # n per call
+
+    def propose(self, ctx, n):
+        self.asked.append(n)
+        return super().propose(ctx, n)
 
 
 def test_a_batch_holds_one_proposers_candidates_sized_by_its_weight(store, problem):
@@ -282,3 +287,41 @@ def test_a_candidate_far_slower_than_the_baseline_is_not_judged(store, problem):
     pool2 = ScreeningPool()
     search(store, run2, problem, FakeProposer(near), pool2, max_evals=5, screen_batch=2, finalists=1)
     assert pool2.submitted == near
+
+
+def test_the_proposer_holding_the_fastest_kernel_gets_the_next_batch(store, problem):
+    """The template's first batch holds the fastest kernel: its next batch (asked for anew, from the tree with that
+    result in it) goes before the Inductor configurations already queued, and Inductor's turn still comes, after
+    the template runs dry. The queue never holds more than a batch of Inductor's."""
+    from kernelevolve.search import GreedySelector
+    from kernelevolve.search.loop import SearchConfig, run_search
+    from tests.search.test_loop import BASELINE
+
+    run_id = new_run(store, problem)
+    fast = NamedProposer("template", [src(f"t{i}", 1.0 + 0.1 * i) for i in range(12)], weight=3)
+    slow = NamedProposer("inductor", [src(f"i{i}", 5.0 + i) for i in range(6)], weight=1)
+    pool = ScreeningPool()
+    cfg = SearchConfig(max_evals=40, stall=None, screen_batch=6, finalists=1)
+    run_search(store, run_id, problem, "cpu", "cpu", pool, [fast, slow], GreedySelector(), cfg, BASELINE, None, None)
+    order = "".join(batch[0][2] for batch in pool.batches)  # "# t0 ..." -> "t"
+    assert order.startswith("tt") and order.count("i") == 3, order
+    assert [len(b) for b in pool.batches][:2] == [6, 6]
+    assert sum(len(b) for b in pool.batches) == 18
+    assert len(fast.calls) >= 3 and all(n <= 2 for n in slow.asked), slow.asked
+
+
+def test_without_a_leader_the_slower_proposer_gets_its_turn_second(store, problem):
+    """Before any judged result neither proposer leads: Inductor's first batch comes second, after one of the
+    template's (three times its weight), not after all of them."""
+    from kernelevolve.search import GreedySelector
+    from kernelevolve.search.loop import SearchConfig, run_search
+    from tests.search.test_loop import BASELINE
+
+    run_id = new_run(store, problem)
+    fast = NamedProposer("template", [src(f"t{i}", 9.0 + 0.1 * i, "incorrect") for i in range(12)], weight=3)
+    slow = NamedProposer("inductor", [src(f"i{i}", 5.0 + i, "incorrect") for i in range(2)], weight=1)
+    pool = ScreeningPool()
+    cfg = SearchConfig(max_evals=40, stall=None, screen_batch=6, finalists=1)
+    run_search(store, run_id, problem, "cpu", "cpu", pool, [fast, slow], GreedySelector(), cfg, BASELINE, None, None)
+    order = "".join(batch[0][2] for batch in pool.batches)
+    assert order[:2] == "ti", order

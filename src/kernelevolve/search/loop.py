@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
@@ -124,6 +124,10 @@ class _Loop:
         self.proposal_store: Store | None = None
         self.recorded = 0  # results taken into the tree so far (evaluated or reused)
         self.asked_at: tuple[int, bool] = (0, False)  # (recorded, whether evaluations were in flight) at the ask
+        self.asked_for: list[str] = []  # the proposers the last ask went to
+        # per proposer: ``recorded`` when an ask it was part of gave nothing of its own (dry until the next result)
+        self.dry: dict[str, int] = {}
+        self.batches_sent: Counter[str] = Counter()  # screen batches sent, per proposer
         self.empty_at: int | None = None  # recorded when an ask made before some results came back empty
         self.experience = {p.name: rank_experience(store.experience(
             device_key, None if getattr(p, "examples_from_any", False) else p.name, exclude_run=run_id), profile)
@@ -187,10 +191,27 @@ class _Loop:
         made while evaluations were in flight came back empty, the next waits for a new result: proposers that
         build on results (tuning around the best) may have more to offer once those are in."""
         if self.proposing is None and not self.exhausted and self.empty_at != self.recorded:
-            self.asked_at = (self.recorded, bool(self.busy()))
-            self.proposing = self.proposal_thread.submit(self.propose, list(self.history))
+            full = self.full_proposers() if self.screen_on() else set()
+            asked = [p.name for p in self.proposers if p.name not in full]
+            if not asked:
+                return
+            self.asked_at, self.asked_for = (self.recorded, bool(self.busy())), asked
+            self.proposing = self.proposal_thread.submit(self.propose, list(self.history), full)
 
-    def propose(self, history: list[Node]) -> list[Candidate]:
+    def room(self, name: str) -> int:
+        """A screen batch of ``name``'s candidates: ``screen_batch`` for the heaviest proposer, smaller in proportion
+        to its weight for a slower one."""
+        weights = {p.name: getattr(p, "weight", 1) for p in self.proposers}
+        top = max(weights.values(), default=1)
+        return max(1, round(self.cfg.screen_batch * weights.get(name, top) / top))
+
+    def full_proposers(self) -> set[str]:
+        """Proposers with a batch's worth queued already: an ask leaves them out, so that the queue does not fill with
+        one slow proposer's candidates while another waits for its turn."""
+        queued = Counter(c.proposer for c in self.queue)
+        return {p.name for p in self.proposers if queued[p.name] >= self.room(p.name)}
+
+    def propose(self, history: list[Node], skip: set[str] | frozenset[str] = frozenset()) -> list[Candidate]:
         if self.proposal_store is None and any(hasattr(p, "bind") for p in self.proposers):
             self.proposal_store = Store(self.store.path)
             for proposer in self.proposers:
@@ -200,11 +221,15 @@ class _Loop:
         wanted = self.cfg.screen_batch if self.screen_on() else self.pool.workers
         per = max(1, math.ceil(wanted / len(self.proposers)))
         promise = proposer_promise(history, [p.name for p in self.proposers], per)
+        screening = self.screen_on()
         out: list[Candidate] = []
         for proposer in self.proposers:
+            if proposer.name in skip:
+                continue
             ctx = ProposalContext(self.problem, self.device, self.profile, history, parents,
                                   self.experience.get(proposer.name, []))
-            n = max(1, round(per * getattr(proposer, "weight", 1) * promise[proposer.name]))
+            share = self.room(proposer.name) if screening else per * getattr(proposer, "weight", 1)
+            n = max(1, round(share * promise[proposer.name]))
             out.extend(proposer.propose(ctx, n))
         return out
 
@@ -215,11 +240,15 @@ class _Loop:
         if self.start is None:
             self.start = time.monotonic()
         recorded, partial = self.asked_at
+        got = {c.proposer for c in cands}
+        for name in self.asked_for:
+            if name not in got:
+                self.dry[name] = recorded
         if cands:
             self.empty_at = None
         elif partial:
             self.empty_at = recorded  # asked before some results were in: ask again after the next one
-        else:
+        elif not self.queue:
             self.exhausted = True
         self.queue.extend(cands)
 
@@ -268,14 +297,37 @@ class _Loop:
         return (self.cfg.max_evals - self.evaluated - len(self.in_flight) - len(self.finalists)
                 - self.cfg.finalists * len(self.screening))
 
-    def submit_batch(self) -> bool:
+    def turn(self, queued: Counter[str]) -> str | None:
+        """The proposer whose batch goes next: the fewest batches sent against its weight times its promise (the
+        leader's is twice), so that the proposer holding the fastest kernel gets most batches and a slow one
+        (Inductor's, tens of seconds a batch) gets its turn without holding the GPU from the others. A proposer
+        counts if it has candidates queued or may still have some (it is not dry)."""
+        per = max(1, math.ceil(self.cfg.screen_batch / max(1, len(self.proposers))))
+        promise = proposer_promise(self.history, [p.name for p in self.proposers], per)
+        best: tuple[float, int, str] | None = None
+        for i, p in enumerate(self.proposers):
+            if not queued[p.name] and self.dry.get(p.name) == self.recorded:
+                continue
+            score = (self.batches_sent[p.name] + 1) / (getattr(p, "weight", 1) * promise[p.name])
+            if best is None or (score, i) < best[:2]:
+                best = (score, i, p.name)
+        return None if best is None else best[2]
+
+    def submit_batch(self) -> bool | None:
         """Send the next batch to the screen. A batch holds one proposer's candidates, so that template candidates,
         compiled in seconds, do not wait on Inductor's, which take tens of seconds each; a slower proposer's batch
-        (a smaller ``weight``) is smaller in proportion, which keeps each batch's wall time alike."""
-        head = self.queue[0].proposer
-        weights = {p.name: getattr(p, "weight", 1) for p in self.proposers}
-        top = max(weights.values(), default=1)
-        room = max(1, round(self.cfg.screen_batch * weights.get(head, top) / top))
+        (a smaller ``weight``) is smaller in proportion, which keeps each batch's wall time alike. The proposer is the
+        one whose turn it is (``turn``); when it has nothing queued, it is asked first (None: waiting for it)."""
+        queued = Counter(c.proposer for c in self.queue)
+        head = self.turn(queued)
+        if head is not None and not queued[head]:
+            if self.proposing is None:
+                self.ask()
+            if self.proposing is not None:
+                return None
+        if head is None or not queued[head]:
+            head = self.queue[0].proposer
+        room = self.room(head)
         if self.cfg.max_screened is not None:
             room = min(room, self.cfg.max_screened - self.screened - self.screening_count())
         batch: list[Node] = []
@@ -291,8 +343,10 @@ class _Loop:
                 batch.append(node)
         self.queue.extendleft(reversed(others))
         if batch:
+            self.batches_sent[head] += 1
             self.send_batch(batch)
             return True
+        self.dry[head] = self.recorded  # only repeats of what the run holds: others go first until the next result
         return self.repeats < MAX_REPEATS
 
     def send_batch(self, batch: list[Node]) -> None:
