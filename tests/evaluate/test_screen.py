@@ -222,3 +222,27 @@ def test_a_crash_on_a_kept_process_is_retried_on_a_fresh_one_not_the_next_kept(s
     assert result.status is Status.CRASHED, result
     assert len(one._idle[("check", None)]) == 1  # one kept process lost to the crash, the other still kept
     one.close()
+
+
+def test_processes_started_ahead_are_the_first_batchs(screener, candidate, tmp_path):
+    """warm() starts the check and timing processes before any batch; the first batch runs in those, and close()
+    ends them. Without keeping processes it starts none."""
+    from tests.evaluate.conftest import pid_gone
+
+    log = tmp_path / "imports.txt"
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=2))
+    one.warm()
+    ahead = {stage: sorted(c.proc.pid for c in kept) for (stage, _), kept in one._idle.items()}
+    assert len(ahead["check"]) == 2 and len(ahead["time"]) == 1, ahead
+    one.warm()  # once per GPU
+    assert sum(len(k) for k in one._idle.values()) == 3
+    results = one.screen([_logging(candidate, log, f"c{i}") for i in range(2)])
+    assert all(r.ok for r in results), results
+    pids = _pids(log)
+    assert {int(p) for i in range(2) for p in pids[f"c{i}"]} <= set(ahead["check"] + ahead["time"]), (pids, ahead)
+    one.close()
+    assert all(pid_gone(p) for p in ahead["check"] + ahead["time"])
+
+    none = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=2, keep_processes=False))
+    none.warm()
+    assert not any(none._idle.values())

@@ -325,3 +325,20 @@ def test_without_a_leader_the_slower_proposer_gets_its_turn_second(store, proble
     run_search(store, run_id, problem, "cpu", "cpu", pool, [fast, slow], GreedySelector(), cfg, BASELINE, None, None)
     order = "".join(batch[0][2] for batch in pool.batches)
     assert order[:2] == "ti", order
+
+
+class WarmingPool(ScreeningPool):
+    def __init__(self):
+        super().__init__()
+        self.warmed = 0
+
+    def warm_screens(self):
+        self.warmed += 1
+
+
+def test_the_screen_processes_are_started_before_the_first_proposal_is_in(store, problem):
+    for batch, warmed in [(4, 1), (0, 0)]:
+        pool = WarmingPool()
+        search(store, new_run(store, problem), problem, FakeProposer([src(f"c{i}", 5.0 + i) for i in range(4)]),
+               pool, max_evals=4, screen_batch=batch, finalists=1)
+        assert pool.warmed == warmed, batch

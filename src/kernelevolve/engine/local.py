@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from kernelevolve.candidate import Candidate
@@ -43,7 +44,8 @@ class LocalPool:
         self.screener = Screener(evaluator, screen)
         self.workers = workers
         self._slots: queue.Queue[int | None] = queue.Queue()
-        for gpu in gpu_slots(evaluator.config.device, workers):
+        self._gpus = gpu_slots(evaluator.config.device, workers)
+        for gpu in self._gpus:
             self._slots.put(gpu)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kernelevolve-eval")
         self._screens: set[Future[list[ScreenResult]]] = set()  # batches submitted and not done
@@ -65,6 +67,12 @@ class LocalPool:
         self._screens.add(fut)
         fut.add_done_callback(self._screens.discard)
         return fut
+
+    def warm_screens(self) -> None:
+        """Start the screen's processes for each GPU in the background, ahead of the first batch."""
+        for gpu in dict.fromkeys(self._gpus):
+            threading.Thread(target=self.screener.warm, args=(gpu,), daemon=True,
+                             name=f"kernelevolve-warm-{gpu}").start()
 
     def cancel_screens(self) -> None:
         """End the batches being screened (the search stopped): those not started yet are cancelled, and what the

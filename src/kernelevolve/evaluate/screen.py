@@ -81,12 +81,69 @@ class Screener:
         self._live: set[Child] = set()  # the children at work, for cancel()
         self._live_lock = threading.Lock()
         self._idle: dict[tuple[str, int | None], list[Child]] = {}  # kept between batches, by stage and GPU
+        self._warming: dict[int | None, threading.Event] = {}  # set once warm() for that GPU is done
         # the kept processes die with the screener (or at exit) if no one closes it
         self._finalizer = weakref.finalize(self, _kill_idle, self._idle, self._live_lock)
 
     def close(self) -> None:
-        """Kill the processes kept between batches. A later batch starts fresh ones."""
+        """Kill the processes kept between batches (after those being started ahead are up). A later batch starts
+        fresh ones."""
+        for done in list(self._warming.values()):
+            done.wait(self.config.timeout_s)
         _kill_idle(self._idle, self._live_lock)
+
+    def warm(self, gpu: int | None = None) -> None:
+        """Start the processes of the first batch ahead of it (torch imported, a CUDA context each, the problem
+        loaded), so that the first batch, which the search waits on, does not pay for them. Where the processes
+        would not be kept between batches (inputs and outputs past KEEP_BYTES) it starts none. Never raises: the
+        first batch then starts its own."""
+        with self._live_lock:
+            if gpu in self._warming:
+                return
+            done = self._warming[gpu] = threading.Event()
+        try:
+            self._warm(gpu)
+        except Exception as e:  # the batch will start its own processes, and report what fails there
+            log.info("the screen's processes were not started ahead: %s: %s", type(e).__name__, str(e)[:200])
+        finally:
+            done.set()
+
+    def _warm(self, gpu: int | None) -> None:
+        if not self.config.keep_processes:
+            return
+        ev = self.evaluator
+        ev._release_cache(gpu)
+        ref = ev._reference_with_room(fresh_seed(), 0, gpu)
+        parallel, io_bytes = self._parallel(MAX_PARALLEL, ref, gpu)
+        del ref
+        ev._release_cache(gpu)
+        if io_bytes >= KEEP_BYTES:
+            return
+        with self._live_lock:
+            wanted = ["check"] * (parallel - len(self._idle.get(("check", gpu), []))) + \
+                ["time"] * (1 - len(self._idle.get(("time", gpu), [])))
+
+        def start(name: str) -> None:
+            child = self._fresh_child(name, gpu)
+            try:
+                _expect(child, "hello")
+                _expect(child, "loaded", send={"cmd": "load"})
+                child.pause()
+            except BaseException:
+                child.kill()
+                raise
+            self._keep(name, gpu, child)
+
+        if wanted:
+            with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="kernelevolve-warm") as pool:
+                list(pool.map(start, wanted))
+
+    def _fresh_child(self, name: str, gpu: int | None) -> Child:
+        job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
+        job["screen_timing"] = asdict(self.config.timing)
+        child = Child(job, self.config.timeout_s)
+        child.answered = 0  # candidates it has answered, over every batch
+        return child
 
     def __enter__(self) -> "Screener":
         return self
@@ -135,6 +192,9 @@ class Screener:
         """One ScreenResult per candidate, in their order. Never raises for a candidate's fault."""
         if not candidates:
             return []
+        warming = self._warming.get(gpu)
+        if warming is not None:  # the processes being started ahead are this batch's
+            warming.wait(self.config.timeout_s)
         ev = self.evaluator
         paths = []
         for k, cand in enumerate(candidates):
@@ -216,7 +276,7 @@ class Screener:
         if batch.todo:
             reason = "the search stopped first" if batch.cancelled.is_set() else (
                 batch.failures[-1] if batch.failures else "no process took them")
-            out.update(self._harness_failure(name, batch.todo, reason))
+            out.update(self._harness_failure(name, batch.todo, reason, quiet=batch.cancelled.is_set()))
         return out
 
     def _deadline(self, candidate: Candidate) -> float:
@@ -273,10 +333,7 @@ class Screener:
         child = self._acquire(name, gpu) if batch.keep and not force_fresh else None
         fresh = child is None
         if child is None:
-            job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
-            job["screen_timing"] = asdict(self.config.timing)
-            child = Child(job, self.config.timeout_s)
-            child.answered = 0  # candidates it has answered, over every batch
+            child = self._fresh_child(name, gpu)
         fit = False
         answered = 0  # in this batch
         todo = batch.todo
@@ -352,10 +409,12 @@ class Screener:
                 self._live.discard(child)
 
     @staticmethod
-    def _harness_failure(name: str, todo: deque[int], reason: str) -> dict[int, ScreenResult]:
+    def _harness_failure(name: str, todo: deque[int], reason: str, quiet: bool = False) -> dict[int, ScreenResult]:
+        """The candidates left in ``todo``, marked for the judge; ``quiet`` for a batch cancelled on purpose."""
         if not todo:
             return {}
-        log.warning("the screen's %s stage failed on its own side: %s", name, reason)
+        (log.info if quiet else log.warning)("the screen's %s stage left %d candidate(s) unscreened: %s", name,
+                                             len(todo), reason)
         return {i: ScreenResult(Status.RUNTIME_ERROR, f"not screened: the screen's {name} stage failed: {reason}",
                                 harness=True) for i in todo}
 

@@ -496,6 +496,9 @@ class _Loop:
         if not self.history:
             self.seed_known()
         self.resume_pending()
+        warm = getattr(self.pool, "warm_screens", None)
+        if warm is not None and self.screen_on() and not self.in_flight and not self.screening:
+            warm()  # the screen's processes start while the first proposal is made (no judge is timing yet)
         reason = None
         while True:
             waiting = False
