@@ -40,3 +40,16 @@ def test_the_screen_on_the_gpu(new_evaluator, candidate):
     assert results[1].status in (Status.RUNTIME_ERROR, Status.CRASHED), results[1]
     assert results[2].ok and results[2].ms is not None, results  # after the poisoned one, in a fresh process
     assert results[3].status is Status.INCORRECT
+
+
+def test_processes_started_ahead_screen_the_first_batch_on_the_gpu(new_evaluator, candidate):
+    """warm() on the GPU: CUDA contexts made ahead, the first batch checked and timed in them, closed after."""
+    ev = new_evaluator("problem_scale.py", device="cuda")
+    with Screener(ev, ScreenConfig(timeout_s=120.0, parallel=2)) as screener:
+        screener.warm(None)
+        ahead = {c.proc.pid for kept in screener._idle.values() for c in kept}
+        assert len(ahead) == 3, screener._idle
+        results = screener.screen([candidate("genuine_triton"), candidate("genuine_torch")])
+        assert all(r.ok and r.ms is not None for r in results), results
+        after = {c.proc.pid for kept in screener._idle.values() for c in kept}
+        assert after == ahead  # the same processes, kept again
