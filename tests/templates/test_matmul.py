@@ -52,7 +52,7 @@ def find_all(graph) -> list:
 _counter = iter(range(10**6))
 
 
-def check(template, match, graph, configs=({},)) -> None:
+def check(template, match, graph, configs=({},), tol: float | None = None) -> None:
     values = node_values(graph)
     for config in configs:
         source = template.render(match, dict(config), "mm_test")
@@ -64,8 +64,8 @@ def check(template, match, graph, configs=({},)) -> None:
         for out, node in zip(outs, match.outputs):
             ref = values[node]
             assert out.shape == ref.shape and out.dtype == ref.dtype, config
-            tol = TOL.get(ref.dtype, 2e-2)
-            torch.testing.assert_close(out, ref, atol=tol, rtol=tol, msg=lambda m: f"{config}: {m}")
+            t = TOL.get(ref.dtype, 2e-2) if tol is None else tol
+            torch.testing.assert_close(out, ref, atol=t, rtol=t, msg=lambda m: f"{config}: {m}")
 
 
 def some_configs(template, match) -> list[dict]:
