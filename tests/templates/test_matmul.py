@@ -267,3 +267,20 @@ def test_space_defaults_and_clamping():
     small = fit({"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3, "SPLIT_K": 8},
                 {"M": 5, "N": 9, "K": 40}, 2, 1)
     assert (small["BLOCK_M"], small["BLOCK_N"], small["BLOCK_K"], small["SPLIT_K"]) == (16, 16, 64, 1)
+
+
+def test_a_long_fp32_reduction_under_the_fma_dot_is_split():
+    """K = 65536 in fp32 without TF32 (bench/problems/gemm/matmul_long_k_fp32.py): every configuration whose FMA
+    running sums are longer than 8192 failed the judge on the H200, so none is offered, the default keeps each run
+    within 2048 products, and the persistent schedule (which takes K whole) is left out. TF32 allowed, or bf16, or a
+    short K: the usual space."""
+    from kernelevolve.templates.matmul.launch import IEEE_LONG, IEEE_RUN
+
+    sizes = {"Bt": 1, "M": 256, "N": 256, "K": 65536}
+    space = gemm_space(sizes, "tl.float32", 1)
+    assert 65536 // space["SPLIT_K"][0] <= IEEE_RUN
+    assert all(65536 // s <= IEEE_LONG for s in space["SPLIT_K"]) and "SCHEDULE" not in space
+    assert space["INPUT_PRECISION"][0] == "ieee"
+    for other in (gemm_space(sizes, "tl.float32", 1, True), gemm_space(sizes, "tl.bfloat16", 1),
+                  gemm_space({**sizes, "K": 4096}, "tl.float32", 1)):
+        assert 1 in other["SPLIT_K"] and other["SPLIT_K"][0] <= 8
