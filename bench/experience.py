@@ -6,10 +6,12 @@ evaluations?
 
 For each pair: the target B is a suite problem, and the source A is the same file with one batch-like size scaled
 (``PAIRS``), so A and B share their operator and dtype but not their shapes.
-- cold: B alone in an empty store. T is its best time, and n_cold the number of evaluations it took to find it.
-- warm: A, then B, in another empty store. n_warm is the number of B's own evaluations until a node came within
-  ``--tol`` of T. A kernel already known for B costs none; A's kernels are never B's.
-- ratio = n_cold / n_warm: how many times fewer evaluations the warm run needed. None when the warm run never came
+- cold: B alone in an empty store. T is its best time, and n_cold the number of candidates it took to find it
+  (screened ones included; ``judged_cold`` counts the judge's only).
+- warm: A, then B, in another empty store. n_warm is the number of B's own candidates until a node came within
+  ``--tol`` of T (``judged_warm``: the judge's only). A kernel already known for B costs none; A's kernels are never
+  B's.
+- ratio = n_cold / n_warm: how many times fewer candidates the warm run needed. None when the warm run never came
   within the tolerance, and then the row says so.
 Both runs of B have the same budget and proposers. Times are medians measured by the harness, in the same process,
 on the same GPU.
@@ -72,12 +74,12 @@ def write_pair(stem: str, small: bool, dest: Path) -> tuple[Path, Path]:
     return similar, target
 
 
-def evaluations_to(nodes: list[Node], within_ms: float) -> int | None:
-    """How many of a run's own evaluations came before (and including) the first node at or under ``within_ms``; a
-    reused node (already known) adds none."""
+def evaluations_to(nodes: list[Node], within_ms: float, judged_only: bool = False) -> int | None:
+    """How many of a run's own candidates came before (and including) the first node at or under ``within_ms``,
+    screened ones included (the judge's only with ``judged_only``); a reused node (already known) adds none."""
     count = 0
     for node in nodes:
-        if not node.cached:
+        if not node.cached and (node.result is not None or not judged_only):
             count += 1
         if node.runtime_ms is not None and node.runtime_ms <= within_ms:
             return count
@@ -114,7 +116,9 @@ def run_pair(stem: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             row["error"] = "the cold run found no timed kernel"
             return row
         t_best = best.runtime_ms
-        row.update(cold_ms=t_best, cold_evals=cold.search.evaluations, n_cold=evaluations_to(cold_nodes, t_best),
+        row.update(cold_ms=t_best, cold_evals=cold.search.evaluations, cold_screened=cold.search.screened,
+                   n_cold=evaluations_to(cold_nodes, t_best),
+                   judged_cold=evaluations_to(cold_nodes, t_best, judged_only=True),
                    cold_best=best.label, cold_trace=trace(cold_nodes))
         source_run = optimize(similar, cfg, warm_store, work / "similar")
         row["source_evals"] = source_run.search.evaluations
@@ -122,7 +126,9 @@ def run_pair(stem: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         nodes = warm_store.nodes(warm.run_id)
         wbest, _ = best_node(nodes)
         row.update(warm_ms=wbest.runtime_ms if wbest else None,
-                   warm_evals=warm.search.evaluations, n_warm=evaluations_to(nodes, t_best * (1 + args.tol)),
+                   warm_evals=warm.search.evaluations, warm_screened=warm.search.screened,
+                   n_warm=evaluations_to(nodes, t_best * (1 + args.tol)),
+                   judged_warm=evaluations_to(nodes, t_best * (1 + args.tol), judged_only=True),
                    warm_best=wbest.label if wbest else None, warm_trace=trace(nodes))
         row["ratio"] = row["n_cold"] / row["n_warm"] if row["n_cold"] and row["n_warm"] else None
         if row["n_warm"] is None:
@@ -148,13 +154,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     fmt = lambda v, spec=".4g": "—" if v is None else format(v, spec)  # noqa: E731
-    print(f"{'problem':30s} {'cold ms':>9} {'n_cold':>6} {'warm ms':>9} {'n_warm':>6} {'ratio':>6}  note")
+    print(f"{'problem':30s} {'cold ms':>9} {'n_cold':>6} {'judged':>6} {'warm ms':>9} {'n_warm':>6} {'judged':>6} "
+          f"{'ratio':>6}  note")
     for r in rows:
         if "error" in r:
             print(f"{r['problem']:30s} error: {r['error'][:200]}")
             continue
         print(f"{r['problem']:30s} {fmt(r.get('cold_ms')):>9} {fmt(r.get('n_cold'), 'd'):>6} "
-              f"{fmt(r.get('warm_ms')):>9} {fmt(r.get('n_warm'), 'd'):>6} {fmt(r.get('ratio'), '.2f'):>6}  "
+              f"{fmt(r.get('judged_cold'), 'd'):>6} {fmt(r.get('warm_ms')):>9} {fmt(r.get('n_warm'), 'd'):>6} "
+              f"{fmt(r.get('judged_warm'), 'd'):>6} {fmt(r.get('ratio'), '.2f'):>6}  "
               f"{r.get('note', '')}")
     s = summarize(rows)
     print(f"pairs {s['pairs']}, measured {s['measured']}, reached {s['reached']}; geomean ratio "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelevolve.evaluate.result import Result, Status, Timing
+from kernelevolve.evaluate.result import Result, ScreenResult, Status, Timing
 from kernelevolve.problem import load_problem
 from tests.factories import make_node
 
@@ -51,6 +51,9 @@ def test_evaluations_to_counts_own_evaluations_only():
     assert exp.evaluations_to(nodes, 2.0) == 3
     assert exp.evaluations_to(nodes, 5.0) == 0  # the reused known kernel already reaches it
     assert exp.evaluations_to(nodes, 1.0) is None
+    screened = [make_node(2, None, screen=ScreenResult(Status.OK, "checked", ms=9.0)), *nodes]
+    assert exp.evaluations_to(screened, 2.0) == 4  # a screened candidate counts as a candidate
+    assert exp.evaluations_to(screened, 2.0, judged_only=True) == 3  # not as a judged one
 
 
 def test_trace_lists_own_evaluations_in_order_with_time_or_status():
