@@ -246,3 +246,44 @@ def test_processes_started_ahead_are_the_first_batchs(screener, candidate, tmp_p
     none = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=2, keep_processes=False))
     none.warm()
     assert not any(none._idle.values())
+
+
+def test_a_batch_waiting_for_the_warm_up_can_be_cancelled(screener, candidate):
+    """The first batch waits for the processes being started ahead; cancel() ends that wait, and the batch comes back
+    unscreened, blaming none of its candidates."""
+    import threading
+    import time
+
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=1))
+    assert one.begin_warm(None) and not one.begin_warm(None)  # claimed; its thread has not started yet
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("r", one.screen([candidate("genuine_torch")])))
+    thread.start()
+    time.sleep(0.3)
+    began = time.monotonic()
+    one.cancel()
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - began < 5
+    (r,) = out["r"]
+    assert r.harness and not r.ok, r
+    one.close()
+
+
+def test_processes_started_ahead_after_close_are_not_kept(screener):
+    from tests.evaluate.conftest import pid_gone
+
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=1))
+    assert one.begin_warm(None)
+    one.close()  # before the warm-up's thread got going
+    started = []
+    real = one._fresh_child
+
+    def spy(name, gpu):
+        child = real(name, gpu)
+        started.append(child)
+        return child
+
+    one._fresh_child = spy
+    one.warm(None, 1, claimed=True)
+    assert started and not any(one._idle.values())
+    assert all(pid_gone(c.proc.pid) for c in started)

@@ -292,7 +292,7 @@ def test_a_candidate_far_slower_than_the_baseline_is_not_judged(store, problem):
 def test_the_proposer_holding_the_fastest_kernel_gets_the_next_batch(store, problem):
     """The template's first batch holds the fastest kernel: its next batch (asked for anew, from the tree with that
     result in it) goes before the Inductor configurations already queued, and Inductor's turn still comes, after
-    the template runs dry. The queue never holds more than a batch of Inductor's."""
+    the template runs dry. Inductor is asked for a batch's worth (2 of 6, by weight) at a time."""
     from kernelevolve.search import GreedySelector
     from kernelevolve.search.loop import SearchConfig, run_search
     from tests.search.test_loop import BASELINE
@@ -308,6 +308,7 @@ def test_the_proposer_holding_the_fastest_kernel_gets_the_next_batch(store, prob
     assert [len(b) for b in pool.batches][:2] == [6, 6]
     assert sum(len(b) for b in pool.batches) == 18
     assert len(fast.calls) >= 3 and all(n <= 2 for n in slow.asked), slow.asked
+    assert fast.calls[1][0] >= 6  # the second ask saw the first batch in the tree
 
 
 def test_without_a_leader_the_slower_proposer_gets_its_turn_second(store, problem):
@@ -332,7 +333,7 @@ class WarmingPool(ScreeningPool):
         super().__init__()
         self.warmed = 0
 
-    def warm_screens(self):
+    def warm_screens(self, batch):
         self.warmed += 1
 
 
@@ -342,3 +343,69 @@ def test_the_screen_processes_are_started_before_the_first_proposal_is_in(store,
         search(store, new_run(store, problem), problem, FakeProposer([src(f"c{i}", 5.0 + i) for i in range(4)]),
                pool, max_evals=4, screen_batch=batch, finalists=1)
         assert pool.warmed == warmed, batch
+
+
+class AsyncPool(ScreeningPool):
+    """Screen batches and judge evaluations that finish after a random delay, on up to ``workers`` at once."""
+
+    def __init__(self, workers: int, rng, delay_s: float):
+        super().__init__(workers)
+        self.rng, self.delay_s = rng, delay_s
+
+    def _later(self, value):
+        import threading
+
+        fut: Future = Future()
+        threading.Timer(self.rng.random() * self.delay_s, lambda: fut.set_result(value)).start()
+        return fut
+
+    def screen(self, candidates):
+        self.batches.append([c.source for c in candidates])
+        return self._later([screen_result(c.source) for c in candidates])
+
+    def submit(self, candidate):
+        from tests.search.test_loop import fake_result
+
+        self.submitted.append(candidate.source)
+        return self._later(fake_result(candidate.source))
+
+
+def test_the_search_runs_every_proposer_dry_whatever_the_workers_and_timing(tmp_path, problem):
+    """Random proposers (one to three, each weight and size), workers and completion orders: every search ends with
+    a stop reason of its own (a limit, or the proposers with nothing left) and none with candidates still to give,
+    and none hangs."""
+    import random
+    import threading
+
+    from kernelevolve.search import GreedySelector
+    from kernelevolve.search.loop import SearchConfig, run_search
+    from kernelevolve.store import Store
+    from tests.search.test_loop import BASELINE
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        proposers = [NamedProposer(name, [src(f"{name}{i}_{seed}", round(rng.uniform(1, 10), 2),
+                                              rng.choice(["ok", "ok", "ok", "incorrect"]))
+                                          for i in range(rng.randint(0, 20))], weight=rng.choice([1, 1, 2, 3]))
+                     for name in ["template", "inductor", "llm"][:rng.randint(1, 3)]]
+        pool = AsyncPool(rng.randint(1, 3), rng, 0.01)
+        cfg = SearchConfig(max_evals=rng.randint(3, 40), stall=None, screen_batch=rng.choice([2, 3, 6]),
+                           finalists=rng.choice([1, 2]))
+        out = {}
+
+        def go(seed=seed, pool=pool, proposers=proposers, cfg=cfg):
+            store = Store(tmp_path / f"ke{seed}.db")  # a connection of this thread's own
+            try:
+                out["o"] = run_search(store, new_run(store, problem), problem, "cpu", "cpu", pool, proposers,
+                                      GreedySelector(), cfg, BASELINE, None, None)
+            finally:
+                store.close()
+
+        thread = threading.Thread(target=go, daemon=True)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), f"seed {seed}: the search hangs"
+        left = {p.name: len(p.sources) for p in proposers}
+        reason = out["o"].stop_reason
+        assert reason != "stopped", (seed, left)
+        assert "max-evals" in reason or not any(left.values()), (seed, reason, left)

@@ -68,11 +68,12 @@ class LocalPool:
         fut.add_done_callback(self._screens.discard)
         return fut
 
-    def warm_screens(self) -> None:
-        """Start the screen's processes for each GPU in the background, ahead of the first batch."""
+    def warm_screens(self, batch: int = 16) -> None:
+        """Start the screen's processes for each GPU in the background, ahead of the first batch (of ``batch``)."""
         for gpu in dict.fromkeys(self._gpus):
-            threading.Thread(target=self.screener.warm, args=(gpu,), daemon=True,
-                             name=f"kernelevolve-warm-{gpu}").start()
+            if self.screener.begin_warm(gpu):  # claimed here: a batch or shutdown() that comes first knows of it
+                threading.Thread(target=self.screener.warm, args=(gpu, batch, True), daemon=True,
+                                 name=f"kernelevolve-warm-{gpu}").start()
 
     def cancel_screens(self) -> None:
         """End the batches being screened (the search stopped): those not started yet are cancelled, and what the

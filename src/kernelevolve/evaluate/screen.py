@@ -82,39 +82,52 @@ class Screener:
         self._live_lock = threading.Lock()
         self._idle: dict[tuple[str, int | None], list[Child]] = {}  # kept between batches, by stage and GPU
         self._warming: dict[int | None, threading.Event] = {}  # set once warm() for that GPU is done
+        self._closed = False  # processes started ahead after close() are not kept
         # the kept processes die with the screener (or at exit) if no one closes it
         self._finalizer = weakref.finalize(self, _kill_idle, self._idle, self._live_lock)
 
     def close(self) -> None:
-        """Kill the processes kept between batches (after those being started ahead are up). A later batch starts
-        fresh ones."""
-        for done in list(self._warming.values()):
-            done.wait(self.config.timeout_s)
+        """Kill the processes kept between batches; those still being started ahead are killed once up. A later
+        batch starts fresh ones (warm() may start them ahead again)."""
+        with self._live_lock:
+            self._closed = True
+            self._warming.clear()
         _kill_idle(self._idle, self._live_lock)
 
-    def warm(self, gpu: int | None = None) -> None:
-        """Start the processes of the first batch ahead of it (torch imported, a CUDA context each, the problem
-        loaded), so that the first batch, which the search waits on, does not pay for them. Where the processes
-        would not be kept between batches (inputs and outputs past KEEP_BYTES) it starts none. Never raises: the
-        first batch then starts its own."""
+    def begin_warm(self, gpu: int | None = None) -> bool:
+        """Claim the warm-up of ``gpu`` before starting it on another thread, so that a batch or close() that comes
+        first knows of it. False when it was claimed already."""
         with self._live_lock:
             if gpu in self._warming:
-                return
-            done = self._warming[gpu] = threading.Event()
-        try:
-            self._warm(gpu)
-        except Exception as e:  # the batch will start its own processes, and report what fails there
-            log.info("the screen's processes were not started ahead: %s: %s", type(e).__name__, str(e)[:200])
-        finally:
-            done.set()
+                return False
+            self._closed = False
+            self._warming[gpu] = threading.Event()
+            return True
 
-    def _warm(self, gpu: int | None) -> None:
+    def warm(self, gpu: int | None = None, batch: int = MAX_PARALLEL, claimed: bool = False) -> None:
+        """Start the processes of the first batch (of ``batch`` candidates) ahead of it: torch imported, a CUDA
+        context each, the problem loaded, so that the first batch, which the search waits on, does not pay for them.
+        Where the processes would not be kept between batches (inputs and outputs past KEEP_BYTES) it starts none.
+        Never raises: the first batch then starts its own. ``claimed``: begin_warm() was called for it."""
+        if not claimed and not self.begin_warm(gpu):
+            return
+        with self._live_lock:
+            done = self._warming.get(gpu)
+        try:
+            self._warm(gpu, batch)
+        except Exception as e:  # the batch will start its own processes, and report what fails there
+            log.warning("the screen's processes were not started ahead: %s: %s", type(e).__name__, str(e)[:200])
+        finally:
+            if done is not None:
+                done.set()
+
+    def _warm(self, gpu: int | None, batch: int) -> None:
         if not self.config.keep_processes:
             return
         ev = self.evaluator
         ev._release_cache(gpu)
         ref = ev._reference_with_room(fresh_seed(), 0, gpu)
-        parallel, io_bytes = self._parallel(MAX_PARALLEL, ref, gpu)
+        parallel, io_bytes = self._parallel(max(1, batch), ref, gpu)
         del ref
         ev._release_cache(gpu)
         if io_bytes >= KEEP_BYTES:
@@ -172,7 +185,7 @@ class Screener:
             return
         with self._live_lock:
             kept = self._idle.setdefault((name, gpu), [])
-            if len(kept) < MAX_PARALLEL:
+            if len(kept) < MAX_PARALLEL and not self._closed:  # closed meanwhile (one started ahead): not kept
                 kept.append(child)
                 return
         child.kill()
@@ -192,19 +205,25 @@ class Screener:
         """One ScreenResult per candidate, in their order. Never raises for a candidate's fault."""
         if not candidates:
             return []
-        warming = self._warming.get(gpu)
-        if warming is not None:  # the processes being started ahead are this batch's
-            warming.wait(self.config.timeout_s)
-        ev = self.evaluator
-        paths = []
-        for k, cand in enumerate(candidates):
-            path = ev.workdir / f"screen_{cand.sha[:12]}_{fresh_seed() % 10**6}_{k}.py"
-            path.write_text(cand.source)
-            paths.append(str(path))
         cancelled = threading.Event()  # this batch's: cancel() sets every batch's in flight
         with self._live_lock:
             self._batches.add(cancelled)
+            warming = self._warming.get(gpu)
+            self._closed = False
+        ev = self.evaluator
+        paths: list[str] = []
         try:
+            if warming is not None:  # the processes being started ahead are this batch's
+                until = time.monotonic() + self.config.timeout_s
+                while not warming.wait(0.05) and not cancelled.is_set() and time.monotonic() < until:
+                    pass
+            for k, cand in enumerate(candidates):
+                path = ev.workdir / f"screen_{cand.sha[:12]}_{fresh_seed() % 10**6}_{k}.py"
+                path.write_text(cand.source)
+                paths.append(str(path))
+            if cancelled.is_set():
+                return [ScreenResult(Status.RUNTIME_ERROR, "not screened: the search stopped first", harness=True)
+                        for _ in candidates]
             return self._screen(candidates, paths, gpu, on_screened, cancelled)
         finally:
             with self._live_lock:

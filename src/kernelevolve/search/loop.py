@@ -122,7 +122,7 @@ class _Loop:
         self.proposal_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelevolve-propose")
         self.proposing: Future[list[Candidate]] | None = None
         self.proposal_store: Store | None = None
-        self.recorded = 0  # results taken into the tree so far (evaluated or reused)
+        self.recorded = 0  # results taken into the tree so far (evaluated, reused, or a screened batch)
         self.asked_at: tuple[int, bool] = (0, False)  # (recorded, whether evaluations were in flight) at the ask
         self.asked_for: list[str] = []  # the proposers the last ask went to
         # per proposer: ``recorded`` when an ask it was part of gave nothing of its own (dry until the next result)
@@ -191,12 +191,13 @@ class _Loop:
         made while evaluations were in flight came back empty, the next waits for a new result: proposers that
         build on results (tuning around the best) may have more to offer once those are in."""
         if self.proposing is None and not self.exhausted and self.empty_at != self.recorded:
-            full = self.full_proposers() if self.screen_on() else set()
+            screening = self.screen_on()
+            full = self.queued_proposers() if screening else set()
             asked = [p.name for p in self.proposers if p.name not in full]
             if not asked:
                 return
             self.asked_at, self.asked_for = (self.recorded, bool(self.busy())), asked
-            self.proposing = self.proposal_thread.submit(self.propose, list(self.history), full)
+            self.proposing = self.proposal_thread.submit(self.propose, list(self.history), full, screening)
 
     def room(self, name: str) -> int:
         """A screen batch of ``name``'s candidates: ``screen_batch`` for the heaviest proposer, smaller in proportion
@@ -205,23 +206,23 @@ class _Loop:
         top = max(weights.values(), default=1)
         return max(1, round(self.cfg.screen_batch * weights.get(name, top) / top))
 
-    def full_proposers(self) -> set[str]:
-        """Proposers with a batch's worth queued already: an ask leaves them out, so that the queue does not fill with
-        one slow proposer's candidates while another waits for its turn."""
-        queued = Counter(c.proposer for c in self.queue)
-        return {p.name for p in self.proposers if queued[p.name] >= self.room(p.name)}
+    def queued_proposers(self) -> set[str]:
+        """Proposers with candidates queued: an ask leaves them out, so that the queue does not fill with one slow
+        proposer's candidates while another waits for its turn, and no proposer is asked again before its last
+        answer is in the tree (it would propose the same sources again)."""
+        return {c.proposer for c in self.queue}
 
-    def propose(self, history: list[Node], skip: set[str] | frozenset[str] = frozenset()) -> list[Candidate]:
+    def propose(self, history: list[Node], skip: set[str] | frozenset[str] = frozenset(),
+                screening: bool = False) -> list[Candidate]:
         if self.proposal_store is None and any(hasattr(p, "bind") for p in self.proposers):
             self.proposal_store = Store(self.store.path)
             for proposer in self.proposers:
                 if hasattr(proposer, "bind"):
                     proposer.bind(self.proposal_store, self.run_id)
         parents = self.selector.select(history, 1)
-        wanted = self.cfg.screen_batch if self.screen_on() else self.pool.workers
+        wanted = self.cfg.screen_batch if screening else self.pool.workers
         per = max(1, math.ceil(wanted / len(self.proposers)))
         promise = proposer_promise(history, [p.name for p in self.proposers], per)
-        screening = self.screen_on()
         out: list[Candidate] = []
         for proposer in self.proposers:
             if proposer.name in skip:
@@ -244,11 +245,12 @@ class _Loop:
         for name in self.asked_for:
             if name not in got:
                 self.dry[name] = recorded
+        everyone = len(self.asked_for) == len(self.proposers)  # a partial ask's silence is its proposers' (dry)
         if cands:
             self.empty_at = None
-        elif partial:
+        elif partial and everyone:
             self.empty_at = recorded  # asked before some results were in: ask again after the next one
-        elif not self.queue:
+        elif everyone and not self.queue:
             self.exhausted = True
         self.queue.extend(cands)
 
@@ -394,6 +396,8 @@ class _Loop:
         self.finalists.extend(unscreened)
         if pairs and not chosen:
             self.since_best += 1
+        if pairs:
+            self.recorded += 1  # the tree holds new screen times: a proposer that had nothing may have some now
         if self.on_screen:
             self.on_screen(len(pairs), len(chosen))
 
@@ -497,8 +501,10 @@ class _Loop:
             self.seed_known()
         self.resume_pending()
         warm = getattr(self.pool, "warm_screens", None)
-        if warm is not None and self.screen_on() and not self.in_flight and not self.screening:
-            warm()  # the screen's processes start while the first proposal is made (no judge is timing yet)
+        if warm is not None and self.screen_on() and not (self.in_flight or self.screening or self.finalists) \
+                and self.stop_reason() is None:
+            warm(self.cfg.screen_batch)  # the screen's processes start while the first proposal is made (no judge
+            # is timing yet)
         reason = None
         while True:
             waiting = False
