@@ -22,7 +22,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -370,16 +370,16 @@ def run_sharded(paths: list[Path], cfg: SuiteConfig, gpus: int, argv: list[str])
             procs.append(subprocess.Popen(cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": devices[i]}, stdout=log,
                                           stderr=subprocess.STDOUT))
     head, seen = header(cfg, "unknown"), set()
+    again_head = dict(head, budget_s=cfg.again_s, first_budget_s=cfg.budget_s)
+    rank = {p.stem: k for k, p in enumerate(paths)}
     while True:
         finished = all(p.poll() is not None for p in procs)
-        rows = []
-        for shard in shards:
-            try:
-                data = json.loads(shard.read_text())
-            except (OSError, ValueError):  # not written yet
-                continue
-            rows += data["rows"]
-            head["device_name"] = data["device_name"]
+        rows, name = read_shards(shards)
+        head["device_name"] = again_head["device_name"] = name or head["device_name"]
+        if cfg.again_s is not None:  # each shard's rows at the second budget, beside its JSON
+            again, _ = read_shards([again_path(replace(cfg, json_path=shard)) for shard in shards])
+            again.sort(key=lambda r: rank.get(r["problem"], len(rank)))
+            write_json(again_path(cfg), again_head, again)
         for r in rows:
             if r["problem"] not in seen:
                 seen.add(r["problem"])
@@ -388,12 +388,24 @@ def run_sharded(paths: list[Path], cfg: SuiteConfig, gpus: int, argv: list[str])
             rows += [{"problem": path.stem, "status": "error", "notes": [],
                       "error": f"not run: shard {i} exited with code {p.returncode} (see shard{i}.log)"}
                      for i, p in enumerate(procs) for path in paths[i::gpus] if path.stem not in seen]
-        rank = {p.stem: k for k, p in enumerate(paths)}
         rows.sort(key=lambda r: rank.get(r["problem"], len(rank)))
         write_json(cfg.json_path, head, rows)
         if finished:
             return rows
         time.sleep(5)
+
+
+def read_shards(shards: list[Path]) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows the shards' JSON files hold so far (a file not written yet holds none), and the device's name."""
+    rows, name = [], None
+    for shard in shards:
+        try:
+            data = json.loads(shard.read_text())
+        except (OSError, ValueError):
+            continue
+        rows += data["rows"]
+        name = data.get("device_name", name)
+    return rows, name
 
 
 # --- output -----------------------------------------------------------------------------------------------------------
@@ -491,9 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             i, n = (int(v) for v in args.shard.split("/"))
             run_serial(paths[i::n], cfg, out_dir / f"suite-shard{i}.db")
             return 0
-        if args.gpus > 1 and device == "cuda":
-            if args.again_s is not None:
-                raise SuiteError("--again-s runs on one GPU (serially), not with --gpus")
+        if args.gpus > 1 and device == "cuda":  # with --again-s, each GPU runs its problems at both budgets
             rows = run_sharded(paths, cfg, args.gpus, _without(argv, ("--gpus", "--json")))
         else:
             rows = run_serial(paths, cfg, out_dir / "suite.db")

@@ -77,3 +77,21 @@ def test_a_second_budget_starts_from_the_first_runs_baselines(tmp_path: Path, mo
     assert second_file["budget_s"] == 3 and second["status"] == "ok", second
     assert (second["eager_ms"], second["max_autotune_ms"]) == (first["eager_ms"], first["max_autotune_ms"])
     assert second["evals"] >= 1 and (out / "suite-3s.db").exists()
+
+
+def test_shards_are_read_as_they_are_written(tmp_path: Path) -> None:
+    """--gpus N reads each shard's JSON (and, with --again-s, each shard's JSON at the second budget) as it appears;
+    a shard that has written nothing yet holds no rows."""
+    import json
+
+    cfg = suite.SuiteConfig("cuda", ("template",), 40.0, 40, 300.0, False, tmp_path, tmp_path / "suite.json", 120.0)
+    shards = [tmp_path / f"shard{i}.json" for i in range(3)]
+    for i in (0, 2):
+        shards[i].write_text(json.dumps({"device_name": "H", "rows": [{"problem": f"p{i}"}]}))
+        suite.again_path(suite.replace(cfg, json_path=shards[i])).write_text(
+            json.dumps({"device_name": "H", "rows": [{"problem": f"p{i}", "budget": 120}]}))
+    rows, name = suite.read_shards(shards)
+    assert [r["problem"] for r in rows] == ["p0", "p2"] and name == "H"
+    again, _ = suite.read_shards([suite.again_path(suite.replace(cfg, json_path=s)) for s in shards])
+    assert [r["budget"] for r in again] == [120, 120]
+    assert suite.again_path(cfg).name == "suite-120s.json"
