@@ -48,6 +48,15 @@ class SuiteConfig:
     out_dir: Path
     json_path: Path
     again_s: float | None = None  # a second budget, run from the first run's profile and baselines
+    defaults: bool = False  # the CLI's own limits instead of the budget: no time budget, --max-evals 20, --stall 10
+
+    def optimize_config(self, budget_s: float | None) -> Any:
+        from kernelevolve.optimize import OptimizeConfig
+
+        if self.defaults:
+            return OptimizeConfig(device=self.device, proposers=self.proposers, timing_budget_ms=self.timing_budget_ms)
+        return OptimizeConfig(device=self.device, proposers=self.proposers, max_evals=self.max_evals,
+                              time_budget_s=budget_s, stall=None, timing_budget_ms=self.timing_budget_ms)
 
 
 _REFERENCE: dict[str, tuple[Any, Any]] = {}  # problem stem -> the max-autotune candidate and its result
@@ -187,7 +196,7 @@ def fill_speedups(row: dict[str, Any]) -> None:
 
 
 def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
-    from kernelevolve.optimize import OptimizeConfig, optimize
+    from kernelevolve.optimize import optimize
     from kernelevolve.problem import load_problem
 
     t0 = time.monotonic()
@@ -196,8 +205,7 @@ def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
         src = write_small_copy(path, cfg.out_dir / "small") if cfg.small else path
         problem = load_problem(src, cfg.device)
         row["dtype"] = problem.output_dtypes[0] if problem.output_dtypes else None
-        opt = OptimizeConfig(device=cfg.device, proposers=cfg.proposers, max_evals=cfg.max_evals,
-                             time_budget_s=cfg.budget_s, stall=None, timing_budget_ms=cfg.timing_budget_ms)
+        opt = cfg.optimize_config(cfg.budget_s)
         work = cfg.out_dir / path.stem
         row["max_autotune_ms"], row["max_autotune_status"] = max_autotune_baseline(problem, opt, work / ".max-autotune",
                                                                                     store)
@@ -214,7 +222,7 @@ def run_again(path: Path, cfg: SuiteConfig, store: Any, first: dict[str, Any], f
     first run is reused), from the first run's profile, eager and torch.compile baselines and max-autotune result:
     what differs between the two rows is the search alone."""
     from kernelevolve.machine import device_key, versions
-    from kernelevolve.optimize import OptimizeConfig, optimize
+    from kernelevolve.optimize import optimize
     from kernelevolve.problem import load_problem
 
     t0 = time.monotonic()
@@ -225,8 +233,7 @@ def run_again(path: Path, cfg: SuiteConfig, store: Any, first: dict[str, Any], f
         src = write_small_copy(path, cfg.out_dir / "small") if cfg.small else path
         problem = load_problem(src, cfg.device)
         row["dtype"] = first.get("dtype")
-        opt = OptimizeConfig(device=cfg.device, proposers=cfg.proposers, max_evals=cfg.max_evals,
-                             time_budget_s=cfg.again_s, stall=None, timing_budget_ms=cfg.timing_budget_ms)
+        opt = cfg.optimize_config(cfg.again_s)
         cand, result = _REFERENCE[path.stem]
         register_max_autotune(store, problem, cfg.device, cand, result)
         row["max_autotune_ms"], row["max_autotune_status"] = first["max_autotune_ms"], first["max_autotune_status"]
@@ -300,7 +307,9 @@ def header(cfg: SuiteConfig, device_name: str | None = None) -> dict[str, Any]:
                            else platform.processor() or platform.machine())
     return {"date": dt.date.today().isoformat(), "device": cfg.device, "device_name": name, "torch": v["torch"],
             "triton": v["triton"], "python": v["python"], "command": " ".join(["python3"] + sys.argv),
-            "budget_s": cfg.budget_s, "max_evals": cfg.max_evals, "proposers": list(cfg.proposers), "small": cfg.small}
+            "budget_s": None if cfg.defaults else cfg.budget_s, "max_evals": cfg.optimize_config(cfg.budget_s).max_evals,
+            "defaults": cfg.defaults,
+            "proposers": list(cfg.proposers), "small": cfg.small}
 
 
 def write_json(path: Path, head: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -464,6 +473,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--again-s", type=float, help="run each problem once more with this budget, from the first run's "
                     "profile and baselines, in a store of its own (rows in JSON-<budget>s.json)")
     ap.add_argument("--max-evals", type=int, default=40)
+    ap.add_argument("--defaults", action="store_true", help="each run with the CLI's own limits (no time budget, "
+                    "--max-evals 20, --stall 10) instead of --budget-s and --max-evals: what a default run costs")
     ap.add_argument("--gpus", type=int, default=1, help="split the problems across N GPUs, one process each")
     ap.add_argument("--json", type=Path, help="default: OUT_DIR/suite.json")
     ap.add_argument("--out-dir", type=Path, default=Path("out/suite"))
@@ -493,12 +504,14 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out_dir.resolve()
     cfg = SuiteConfig(device, tuple(p for p in args.proposer.split(",") if p), args.budget_s, args.max_evals,
                       args.timing_budget_ms, args.small, out_dir, (args.json or out_dir / "suite.json").resolve(),
-                      args.again_s)
+                      args.again_s, args.defaults)
     from kernelevolve.propose import ProposerError, make_proposers
 
     try:
         make_proposers(list(cfg.proposers), device)  # a bad name fails here, not once per problem
         paths = problem_paths(args.problems)
+        if args.defaults and args.again_s is not None:
+            raise SuiteError("--defaults runs without a time budget: --again-s has no budget to replace")
         if args.shard:
             i, n = (int(v) for v in args.shard.split("/"))
             run_serial(paths[i::n], cfg, out_dir / f"suite-shard{i}.db")

@@ -95,3 +95,16 @@ def test_shards_are_read_as_they_are_written(tmp_path: Path) -> None:
     again, _ = suite.read_shards([suite.again_path(suite.replace(cfg, json_path=s)) for s in shards])
     assert [r["budget"] for r in again] == [120, 120]
     assert suite.again_path(cfg).name == "suite-120s.json"
+
+
+def test_defaults_run_with_the_clis_own_limits(tmp_path: Path) -> None:
+    from kernelevolve.optimize import OptimizeConfig
+
+    base = dict(device="cuda", proposers=("template", "inductor"), budget_s=40.0, max_evals=40,
+                timing_budget_ms=300.0, small=False, out_dir=tmp_path, json_path=tmp_path / "s.json")
+    budgeted = suite.SuiteConfig(**base).optimize_config(40.0)
+    assert (budgeted.time_budget_s, budgeted.max_evals, budgeted.stall) == (40.0, 40, None)
+    plain = suite.SuiteConfig(**base, defaults=True).optimize_config(40.0)
+    cli = OptimizeConfig(device="cuda")
+    assert (plain.time_budget_s, plain.max_evals, plain.stall) == (cli.time_budget_s, cli.max_evals, cli.stall)
+    assert suite.main(["--defaults", "--again-s", "120", "--device", "cpu", "--problems", "softmax_bf16"]) == 2
