@@ -27,3 +27,19 @@ def test_a_screened_run_judges_only_its_finalists(tmp_path):
     assert "screened out" in shown and f"screened {runs[0]['screened']}," in shown
     report = (out / "report.html").read_text()
     assert "<h2>Screen</h2>" in report and (out / "best.py").is_file()
+
+
+def test_a_screened_run_on_two_workers(tmp_path):
+    """The local pool's two workers with the screen on (the processes started ahead, batches and finalists sharing
+    the workers): the run ends on its limit with its counts stored."""
+    db, out = tmp_path / "ke.db", tmp_path / "out"
+    proc = subprocess.run(CLI + ["optimize", str(ROOT / "tests" / "cheats" / "problem_scale.py"), "--device", "cpu",
+                                 "--proposer", "template", "--screen-batch", "3", "--finalists", "1", "--max-evals",
+                                 "3", "--stall", "0", "--workers", "2", "--timing-budget-ms", "20", "--db", str(db),
+                                 "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=ENV)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = json.loads(subprocess.run(CLI + ["runs", "--db", str(db), "--json"], capture_output=True, text=True,
+                                     timeout=120, env=ENV, check=True).stdout)
+    assert runs[0]["evaluated"] == 3 and runs[0]["screened"] >= 3, runs
+    assert "max-evals" in runs[0]["stop_reason"], runs
