@@ -186,3 +186,32 @@ def test_a_tile_that_would_spill_is_not_rendered_and_the_region_stays_usable(tmp
     assert proposer.render(plan, {region.key: dict(region.default(), **spills)}, "spills") is None
     assert not proposer.broken
     assert proposer.render(plan, {region.key: region.default()}, "defaults") is not None
+
+
+GROUPNORM = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.GroupNorm(4, 64)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+    def forward(self, x):
+        return torch.nn.functional.hardtanh(self.norm(x * 2.0 + 0.5), -2.0, 2.0)
+def get_inputs(): return [torch.randn(9, 64)]
+def get_init_inputs(): return []
+"""
+
+
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+def test_group_norm_statistics_and_affine_are_one_region(tmp_path, config):
+    """GroupNorm decomposes into a [N, G, C/G, 1] frame around the [N, G, C/G] reductions: views that only add or drop
+    trailing unit dims are free, so the mean, the variance and the per-group scale and shift are one kernel."""
+    g = captured(tmp_path, GROUPNORM)
+    matches = RowReduceTemplate().find(g, set())
+    assert len(matches) == 1, [m.key for m in matches]
+    (m,) = matches
+    sums = [n for n in m.nodes if n.target is torch.ops.aten.sum.dim_IntList]
+    assert len(sums) == 2 and m.spec["full"] == [9, 4, 16]
+    run_match(RowReduceTemplate(), g, m, config)

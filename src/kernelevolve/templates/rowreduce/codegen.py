@@ -52,9 +52,11 @@ class _Gen:
     def _plan(self) -> None:
         for n in self.region:
             name = op_name(n)
-            if reduced_dim(n) is not None or name == "gather" or name in VIEWS:
+            if reduced_dim(n) is not None or name == "gather":
                 self.vec[n] = False
                 args = [n.args[0]] if name != "gather" else [n.args[0], n.args[2]]
+            elif name in VIEWS:  # a view is its source: a row scalar, or a vector where trailing unit dims change
+                args = [n.args[0]]
             else:
                 args = n.all_input_nodes
             flags = []

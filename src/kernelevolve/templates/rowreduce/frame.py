@@ -35,7 +35,20 @@ class Frame:
         self.scal = full[:d] + (1,) + full[d + 1:]
         self.sq = full[:d] + full[d + 1:]
 
+    def trim(self, s: tuple[int, ...]) -> tuple[int, ...]:
+        """``s`` without the trailing unit dims past the frame's rank: [N, G, C, 1] is [N, G, C] in memory (GroupNorm's
+        decomposition works in such a frame). Other shapes are returned as they are."""
+        s = tuple(s)
+        while len(s) > len(self.full) and s[-1] == 1:
+            s = s[:-1]
+        return s
+
+    def extended(self, s: tuple[int, ...]) -> bool:
+        """Whether ``s`` carries trailing unit dims past the frame's rank."""
+        return len(s) > len(self.full) and len(self.trim(s)) == len(self.full)
+
     def fits(self, s: tuple[int, ...]) -> bool:
+        s = self.trim(s)
         return len(s) <= len(self.full) and all(a in (b, 1) for a, b in zip(reversed(s), reversed(self.full)))
 
     def fits_sq(self, s: tuple[int, ...]) -> bool:
@@ -46,4 +59,5 @@ class Frame:
         if squeezed:
             s = (1,) * (len(self.sq) - len(s)) + tuple(s)
             return s[:self.d] + (1,) + s[self.d:]
+        s = self.trim(s)
         return (1,) * (len(self.full) - len(s)) + tuple(s)

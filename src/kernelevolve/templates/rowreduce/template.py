@@ -50,10 +50,20 @@ class RowReduceTemplate:
         if name == "expand":  # a row scalar broadcast along the row: free, it stays a [BLOCK_R, 1] value
             return shape(n.args[0]) == frame.scal and s == frame.full
         if name in VIEWS:
-            return s in (frame.scal, frame.sq) and shape(n.args[0]) in (frame.scal, frame.sq)
+            src = shape(n.args[0])
+            if s != src and frame.trim(s) == frame.trim(src):  # only trailing unit dims come or go: free
+                return frame.trim(s) in (frame.full, frame.scal)
+            return s in (frame.scal, frame.sq) and src in (frame.scal, frame.sq)
         if name == "gather":
             return (len(n.args) >= 3 and n.args[1] % len(frame.full) == frame.d and s == frame.scal
                     and shape(n.args[0]) == frame.full)
+        if frame.extended(s) or any(frame.extended(shape(a)) for a in n.all_input_nodes):
+            # in the extended frame ([N, G, C, 1] for [N, G, C]) broadcasting matches the frame's only when every
+            # tensor operand carries the same trailing unit dims
+            ranks = {len(shape(a)) for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)
+                     and math.prod(shape(a)) != 1}
+            if ranks != {len(s)} or not frame.extended(s):
+                return False
         return can_emit(n) and (frame.fits(s) or frame.fits_sq(s))
 
     def _grow(self, seed: fx.Node, frame: Frame, used: set[fx.Node]) -> set[fx.Node] | None:
@@ -76,7 +86,7 @@ class RowReduceTemplate:
             changed = False
             for n in list(region):
                 leaves = any(u not in region for u in n.users)
-                if leaves and shape(n) not in (frame.full, frame.scal, frame.sq) and n is not seed:
+                if leaves and frame.trim(shape(n)) not in (frame.full, frame.scal, frame.sq) and n is not seed:
                     region.discard(n)
                     changed = True
         return region
@@ -90,7 +100,7 @@ class RowReduceTemplate:
                 if not keepdim(n):
                     sq.add(n)
             elif op_name(n) in VIEWS:
-                if shape(n) == frame.sq and frame.sq != frame.scal:
+                if shape(n) == frame.sq and frame.sq != frame.scal and not frame.extended(shape(n.args[0])):
                     sq.add(n)
             elif op_name(n) != "gather":
                 only_sq = frame.fits_sq(shape(n)) and not frame.fits(shape(n))
