@@ -281,6 +281,11 @@ def test_a_long_fp32_reduction_under_the_fma_dot_is_split():
     assert 65536 // space["SPLIT_K"][0] <= IEEE_RUN
     assert all(65536 // s <= IEEE_LONG for s in space["SPLIT_K"]) and "SCHEDULE" not in space
     assert space["INPUT_PRECISION"][0] == "ieee"
+    # where the partials' room runs out (M = N = 8192: 256 MB per split), still no run past IEEE_LONG
+    for big in ({**sizes, "M": 8192, "N": 8192}, {**sizes, "M": 4096, "N": 4096}, {**sizes, "Bt": 8, "M": 1024,
+                                                                                    "N": 1024}, {**sizes, "K": 12000}):
+        splits = gemm_space(big, "tl.float32", 1)["SPLIT_K"]
+        assert all(-(-big["K"] // s) <= IEEE_LONG for s in splits), (big, splits)
     for other in (gemm_space(sizes, "tl.float32", 1, True), gemm_space(sizes, "tl.bfloat16", 1),
                   gemm_space({**sizes, "K": 4096}, "tl.float32", 1)):
         assert 1 in other["SPLIT_K"] and other["SPLIT_K"][0] <= 8

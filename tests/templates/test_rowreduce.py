@@ -215,3 +215,21 @@ def test_group_norm_statistics_and_affine_are_one_region(tmp_path, config):
     sums = [n for n in m.nodes if n.target is torch.ops.aten.sum.dim_IntList]
     assert len(sums) == 2 and m.spec["full"] == [9, 4, 16]
     run_match(RowReduceTemplate(), g, m, config)
+
+
+ROW_SCALE = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x, b):
+        return torch.softmax(x * b.unsqueeze(-1), -1), (x - b.view(-1, 1)).sum(-1)
+def get_inputs(): return [torch.randn(9, 16), torch.rand(9) + 0.5]
+def get_init_inputs(): return []
+"""
+
+
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+def test_an_input_without_the_reduced_dim_viewed_to_a_row_scalar(tmp_path, config):
+    """b of shape [N] unsqueezed to [N, 1] scales each row: it is read per row, not along the row."""
+    g = captured(tmp_path, ROW_SCALE)
+    for m in RowReduceTemplate().find(g, set()):
+        run_match(RowReduceTemplate(), g, m, config)

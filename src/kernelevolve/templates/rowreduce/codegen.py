@@ -73,6 +73,11 @@ class _Gen:
             self.outs.append(_Operand(f"out{k}", st, self.f.d, self.f.full[self.f.d]))
 
     def reads_squeezed(self, n: fx.Node) -> bool:
+        """Whether ``n`` reads its outside inputs in the squeezed frame: a squeezed value, or a view of a
+        squeezed-shape input up to a row scalar (``b.unsqueeze(-1)`` for b of shape F without d)."""
+        if op_name(n) in VIEWS and self.f.sq != self.f.scal and n.args[0] not in self.inside \
+                and shape(n.args[0]) == self.f.sq:
+            return True
         return n in self.sq and reduced_dim(n) is None
 
     # ---- emission -------------------------------------------------------------------------------------------------
