@@ -192,12 +192,12 @@ class _Loop:
         build on results (tuning around the best) may have more to offer once those are in."""
         if self.proposing is None and not self.exhausted and self.empty_at != self.recorded:
             screening = self.screen_on()
-            full = self.queued_proposers() if screening else set()
-            asked = [p.name for p in self.proposers if p.name not in full]
+            skip = self.queued_proposers() if screening else set()
+            asked = [p.name for p in self.proposers if p.name not in skip]
             if not asked:
                 return
             self.asked_at, self.asked_for = (self.recorded, bool(self.busy())), asked
-            self.proposing = self.proposal_thread.submit(self.propose, list(self.history), full, screening)
+            self.proposing = self.proposal_thread.submit(self.propose, list(self.history), skip, screening)
 
     def room(self, name: str) -> int:
         """A screen batch of ``name``'s candidates: ``screen_batch`` for the heaviest proposer, smaller in proportion
@@ -205,6 +205,11 @@ class _Loop:
         weights = {p.name: getattr(p, "weight", 1) for p in self.proposers}
         top = max(weights.values(), default=1)
         return max(1, round(self.cfg.screen_batch * weights.get(name, top) / top))
+
+    def promise(self, history: list[Node], wanted: int) -> tuple[int, dict[str, float]]:
+        """(candidates per proposer of an ask for ``wanted``, each proposer's promise: see proposer_promise)."""
+        per = max(1, math.ceil(wanted / max(1, len(self.proposers))))
+        return per, proposer_promise(history, [p.name for p in self.proposers], per)
 
     def queued_proposers(self) -> set[str]:
         """Proposers with candidates queued: an ask leaves them out, so that the queue does not fill with one slow
@@ -220,9 +225,7 @@ class _Loop:
                 if hasattr(proposer, "bind"):
                     proposer.bind(self.proposal_store, self.run_id)
         parents = self.selector.select(history, 1)
-        wanted = self.cfg.screen_batch if screening else self.pool.workers
-        per = max(1, math.ceil(wanted / len(self.proposers)))
-        promise = proposer_promise(history, [p.name for p in self.proposers], per)
+        per, promise = self.promise(history, self.cfg.screen_batch if screening else self.pool.workers)
         out: list[Candidate] = []
         for proposer in self.proposers:
             if proposer.name in skip:
@@ -304,8 +307,7 @@ class _Loop:
         leader's is twice), so that the proposer holding the fastest kernel gets most batches and a slow one
         (Inductor's, tens of seconds a batch) gets its turn without holding the GPU from the others. A proposer
         counts if it has candidates queued or may still have some (it is not dry)."""
-        per = max(1, math.ceil(self.cfg.screen_batch / max(1, len(self.proposers))))
-        promise = proposer_promise(self.history, [p.name for p in self.proposers], per)
+        _, promise = self.promise(self.history, self.cfg.screen_batch)
         best: tuple[float, int, str] | None = None
         for i, p in enumerate(self.proposers):
             if not queued[p.name] and self.dry.get(p.name) == self.recorded:
