@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root: any of the GPU test suite, the experience benchmark and the benchmark suite,
 # each writing its logs and JSON under $OUT and printing a short summary last.
-# Usage: OUT=dir STEPS="tests screen experience suite throughput" BUDGET=40 PAIRS="softmax_bf16 ..." PROBLEMS="..." \
-#        EVALS=16 TESTS="tests/gpu" CONFIGS=240 bash bench/gpu_all.sh
+# Usage: OUT=dir STEPS="tests screen experience suite throughput" BUDGET=40 AGAIN=120 PAIRS="softmax_bf16 ..." \
+#        PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 OUT="${OUT:-bench/results/gpu}"
 GPUS="$(nvidia-smi --list-gpus | wc -l)"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+# A trace of the whole call, to set each timing beside (bench/trace.py): clocks, power and throttle reasons every
+# 250 ms, and every process's share of the SMs each second.
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
+  --format=csv,nounits -lms 250 > "$OUT/gpu_trace.csv" 2>&1 &
+TRACE=$!
+nvidia-smi pmon -s u -o DT -d 1 > "$OUT/pmon.txt" 2>&1 &
+PMON=$!
+trap 'kill $TRACE $PMON 2>/dev/null' EXIT
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 for step in ${STEPS:-tests experience}; do
   case "$step" in
@@ -22,7 +30,8 @@ for step in ${STEPS:-tests experience}; do
     suite)
       # shellcheck disable=SC2086
       python3 bench/suite.py --device cuda --gpus "$GPUS" --budget-s "${BUDGET:-40}" --out-dir "$OUT/suite" \
-        --json "$OUT/suite.json" ${PROBLEMS:+--problems $PROBLEMS} 2>&1 | tee "$OUT/suite.log" | tail -40 ;;
+        --json "$OUT/suite.json" ${AGAIN:+--again-s $AGAIN} ${PROBLEMS:+--problems $PROBLEMS} 2>&1 \
+        | tee "$OUT/suite.log" | tail -40 ;;
     screen)
       # shellcheck disable=SC2086
       python3 bench/screen.py --device cuda --problems ${PROBLEMS:-layernorm_fp32 rmsnorm_residual_bf16 softmax_bf16} \

@@ -169,6 +169,11 @@ def best_found(store: Any, run_id: int) -> dict[str, Any]:
                               "screened out" if n.screened_out else "pending"),
                           "screen_ms": n.screen.ms if n.screen else None,
                           "ms": n.result.runtime_ms if n.result and n.result.timed else None,
+                          # host launch time and start of each timing: to explain a judge far from its screen
+                          "screen_host_ms": n.screen.host_ms if n.screen else None,
+                          "host_ms": n.result.details.get("host_ms") if n.result else None,
+                          "screen_at": n.screen.timed_at if n.screen else None,
+                          "judged_at": n.result.details.get("timed_at") if n.result else None,
                           "reason": (n.result.reason or "")[:160] if n.result else ""}
                          for n in nodes]
     if best is None or best.runtime_ms is None:

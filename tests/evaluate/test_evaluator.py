@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ def test_genuine_torch_is_ok_and_timed(scale_evaluator, candidate):
     assert r.timing.method == "perf_counter" and 5 <= r.timing.reps <= 30
     assert 0 < r.timing.median_ms < 1000
     assert r.details["weights"] == "state_dict"  # the candidate was given the reference's weights
+    # the host's launch time and the start of the timing are kept, to set a judge's time beside a trace
+    assert 0 < r.details["host_ms"] <= r.timing.max_ms
+    assert abs(r.details["timed_at"] - time.time()) < 120
 
 
 def test_genuine_triton_runs_under_the_interpreter_untimed(scale_evaluator, candidate):
@@ -50,6 +54,7 @@ def test_throttled_candidate_median_reflects_real_calls(new_evaluator, candidate
     assert r.timing is not None and r.timing.reps == 40
     assert r.timing.max_ms >= 90  # the candidate sleeps 100 ms
     assert r.timing.median_ms < 50
+    assert r.details["host_ms"] < 50  # a median, like the time's
 
 
 # --- wrong results and outputs of the wrong kind ------------------------------------------------------------------

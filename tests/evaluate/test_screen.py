@@ -40,6 +40,8 @@ def test_a_batch_is_ranked_and_every_culprit_is_named(screener, candidate, tmp_p
     # timed on the CPU; Triton under the interpreter is checked only
     assert got["genuine_triton"].ms is None and "untimed" in got["genuine_triton"].reason
     assert got["genuine_torch"].ms < got["slow"].ms and got["slow"].ms >= 4.0
+    assert got["slow"].host_ms >= 4.0 and got["slow"].timed_at is not None  # on the CPU the host time is the time
+    assert got["genuine_triton"].host_ms is None
     assert sorted(seen) == list(range(len(names)))
 
 

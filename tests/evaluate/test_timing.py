@@ -38,3 +38,20 @@ def test_mutating_function_leaves_sets_pristine():
     run = measure(fn, sets, "cpu", reps, cfg, calls, keep=[2])
     assert torch.equal(sets[0][0], torch.ones(4))
     assert torch.equal(run.kept[2][0], torch.full((4,), 2.0))
+
+
+def test_the_hosts_launch_time_is_kept_for_every_repetition():
+    """Per repetition, the host's time to return from the call: on the CPU the sample itself."""
+    import time
+
+    sets = [[torch.ones(4)]]
+
+    def fn(x):
+        time.sleep(0.002)
+        return x + 1
+
+    cfg = TimingConfig(budget_ms=1, warmup_ms=1, min_reps=4, max_reps=4, flush=False)
+    calls, reps = warm_up(fn, sets, "cpu", cfg)
+    run = measure(fn, sets, "cpu", reps, cfg, calls)
+    assert len(run.host_ms) == reps == 4
+    assert run.host_ms == run.samples_ms and min(run.host_ms) >= 2.0

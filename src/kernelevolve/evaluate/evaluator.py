@@ -362,6 +362,7 @@ class Evaluator:
         check_at = sorted(int.from_bytes(os.urandom(2), "little") / 65536 for _ in range(CHECKED_REPS))
         cmd = {"cmd": "time", "seeds": seeds, "shape": 0, "check_at": check_at}
         self._release_cache(gpu)
+        details["timed_at"] = round(time.time(), 3)  # when, by the clock of the day: to set beside a GPU trace
         calib, res, blob = self._time_command(child, cmd)
         samples, device_ms = res["samples_ms"], res["device_ms"]
         reps, wall = len(samples), res["parent_wall_s"]
@@ -370,6 +371,7 @@ class Evaluator:
         memory = res.get("memory") if isinstance(res.get("memory"), dict) else {}
         _note_peak(details, memory.get("peak_bytes"))
         details.update(reps=reps, input_sets=res["input_sets"], first_call_s=res.get("first_call_s"),
+                       host_ms=_finite(res.get("host_ms")),
                        parent_wall_s=wall, reported_s=reported_s, calibrated_s=calib["parent_wall_s"],
                        calibrated_reps=calib["reps"], memory=memory)
         if reported_s > wall * 1.05 + 0.01:
@@ -469,6 +471,11 @@ def _note_peak(details: dict[str, Any], peak: Any) -> None:
 
 def _device_of(tensors: tuple) -> torch.device:
     return next((t.device for t in tensors if isinstance(t, torch.Tensor)), torch.device("cpu"))
+
+
+def _finite(value: Any) -> float | None:
+    """A number the child reported, or None: the channel is the candidate's to write on too."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def _count(value: Any) -> int:

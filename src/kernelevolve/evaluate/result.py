@@ -125,6 +125,8 @@ class ScreenResult:
     # the screen failed on its own side (its process did not start, its memory ran out): the candidate was not
     # screened, and goes to the judge as it is
     harness: bool = False
+    host_ms: float | None = None  # median host time to launch a call while timed (see TimingRun.host_ms)
+    timed_at: float | None = None  # when its timing began, by the clock of the day
 
     @property
     def ok(self) -> bool:

@@ -454,6 +454,7 @@ class Screener:
         return ScreenResult(Status.OK, "checked once; untimed", first_call_s=first)
 
     def _time_one(self, child: Child, path: str, seeds: list[int], checked: ScreenResult) -> ScreenResult:
+        timed_at = round(time.time(), 3)
         child.send({"cmd": "screen_time", "candidate": path, "seeds": seeds})
         header, _ = child.recv()
         if header.get("msg") == "fail":
@@ -465,8 +466,11 @@ class Screener:
         samples = [float(x) for x in header["samples_ms"]]
         if not samples or not all(math.isfinite(x) and x >= 0 for x in samples):
             return ScreenResult(Status.REJECTED, "timing: no usable samples", first_call_s=checked.first_call_s)
+        host = header.get("host_ms")
         return ScreenResult(Status.OK, f"checked once, timed over {len(samples)} repetitions",
-                            ms=statistics.median(samples), first_call_s=checked.first_call_s)
+                            ms=statistics.median(samples), first_call_s=checked.first_call_s,
+                            host_ms=float(host) if isinstance(host, (int, float)) and math.isfinite(host) else None,
+                            timed_at=timed_at)
 
     # --- planning -----------------------------------------------------------------------------------------------
     def _timeable(self, candidate: Candidate) -> bool:

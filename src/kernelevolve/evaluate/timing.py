@@ -42,6 +42,9 @@ class TimingRun:
     warmup_calls: int
     method: str
     kept: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)  # outputs of the repetitions to check
+    # per repetition: the host's time from the call to its return (launching, not waiting). Where it comes near the
+    # GPU sample, the device waited on the host: the call is launch-bound under this loop, whatever its kernels.
+    host_ms: list[float] = field(default_factory=list)
 
 
 def _call_until(fn: Callable[..., Any], live: "_LiveInputs", budget_s: float, sync: Callable[[], None],
@@ -116,6 +119,7 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
                keep: set[int], keep_on_host: bool = False) -> TimingRun:
     events = [(_Event(enable_timing=True), _Event(enable_timing=True), _Event(enable_timing=True)) for _ in range(reps)]
     kept: dict[int, tuple[torch.Tensor, ...]] = {}
+    host: list[float] = []
     _sync()
     t0 = _perf()
     for i, (start, stop, idle) in enumerate(events):
@@ -124,7 +128,9 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
             if flush is not None:
                 _zero(flush)
         _record(start)
+        h = _perf()
         out = fn(*args)
+        host.append((_perf() - h) * 1e3)
         _record(stop)
         # Work a candidate hides on a side stream is caught here: the device must be idle before `idle` is recorded.
         _sync()
@@ -137,7 +143,7 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
     wall = _perf() - t0
     stream = [_elapsed(s, e) for s, e, _ in events]
     device = [_elapsed(s, d) for s, _, d in events]
-    return TimingRun(stream, device, wall, warm_calls, "cuda-events", kept)
+    return TimingRun(stream, device, wall, warm_calls, "cuda-events", kept, host)
 
 
 def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
@@ -157,4 +163,4 @@ def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm
                 kept[i] = _kept(out, keep_on_host)
         del out
     wall = _perf() - t0
-    return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept)
+    return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept, samples)

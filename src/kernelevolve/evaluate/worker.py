@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import statistics
 import sys
 import traceback
 from typing import Any, Iterator
@@ -314,7 +315,7 @@ class Session:
             del sets
             self._check_tamper("timing")
             self.chan.send({"msg": "screen_timed", "samples_ms": run.samples_ms, "method": run.method,
-                            "reps": reps})
+                            "reps": reps, "host_ms": _median(run.host_ms)})
         except Fail as f:
             self.chan.send({"msg": "fail", "status": f.status, "reason": f.reason, "error": f.error})
         except Exception as e:
@@ -356,6 +357,7 @@ class Session:
         run = timing.measure(fn, sets, self.device, reps, self.cfg, calls, keep, plan["keep_on_host"],
                              plan["in_place"])
         self.chan.send({"msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
+                        "host_ms": _median(run.host_ms),
                         "loop_wall_s": run.loop_wall_s, "reps": reps, "warmup_calls": calls, "method": run.method,
                         "input_sets": len(sets), "first_call_s": self.first_call_s,
                         "memory": dict(plan, peak_bytes=self._peak_bytes())})
@@ -545,6 +547,10 @@ class Session:
             return original(kernel, *args, **kwargs)
 
         return run
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _backend_flags() -> dict[str, Any]:
