@@ -193,3 +193,37 @@ def test_prompt_previews_the_next_step(tmp_path, capsys):
     assert main(["prompt", str(example), "--device", "cpu", "--run", "latest", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert f"strategy repair from node {node}" in out and "# BROKEN" in out and "torch is not defined" in out
+
+
+def test_optimize_help_lists_every_proposer_and_the_model_budget(capsys):
+    import pytest as _pytest
+
+    from kernelevolve.cli import main
+
+    with _pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("template", "inductor", "llm", "manual", "--llm-calls", "--llm-tokens", "--llm-cost"):
+        assert name in text, name
+
+
+@pytest.mark.parametrize("columns, whole", [(250, True), (80, False)])
+def test_show_gives_a_reason_the_width_the_terminal_has(tmp_path, monkeypatch, capsys, columns, whole):
+    from kernelevolve.candidate import Candidate
+    from kernelevolve.cli import main
+    from kernelevolve.evaluate.result import Result, Status
+    from kernelevolve.problem import load_problem
+    from kernelevolve.store import Store
+
+    problem = load_problem(Path(__file__).resolve().parents[1] / "examples" / "gelu_mlp.py", "cpu")
+    store = Store(tmp_path / "ke.db")
+    run = store.create_run(problem, "cpu", "cpu:test", {}, {})
+    node = store.add_node(run, problem.sha, "cpu:test", Candidate("x = 1\n", proposer="manual"))
+    reason = "trial 1 shape 0: output: 8188 of 131072 elements outside atol=0.001 rtol=0.001; max abs err 4.67 " \
+             "(out 0 vs ref 4.67242) and the last words"
+    store.save_result(node.id, Result(Status.INCORRECT, reason))
+    store.close()
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["show", "latest", "--db", str(tmp_path / "ke.db")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("and the last words" in out) == whole and "8188 of 131072" in out

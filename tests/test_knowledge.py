@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelevolve.knowledge import (ANY, ARCHITECTURES, BOTTLENECKS, FAMILIES, NOTES_DIR, KnowledgeError, Note,
+from kernelevolve.knowledge import (ANY, ARCHITECTURES, CPU, BOTTLENECKS, FAMILIES, NOTES_DIR, KnowledgeError, Note,
                                     applies_to, device_tag, load_notes, parse_note, render, retrieve)
 from kernelevolve.templates.registry import NAMES
 
@@ -33,7 +33,7 @@ def test_package_notes_parse_with_valid_fields():
         assert set(note.families) <= {ANY, *FAMILIES}, note.name
         assert set(note.bottlenecks) <= {ANY, *BOTTLENECKS}, note.name
         for device in note.devices:
-            assert device == ANY or device in ARCHITECTURES or device_tag(device) is not None, (note.name, device)
+            assert device in (ANY, CPU, *ARCHITECTURES) or device_tag(device) is not None, (note.name, device)
         assert 25 <= len(note.text.splitlines()) <= 130, note.name
 
 
@@ -199,3 +199,12 @@ def test_bad_front_matter_names_the_file(tmp_path, content, why):
     with pytest.raises(KnowledgeError, match="broken-note.md") as err:
         load_notes([tmp_path])
     assert why in str(err.value)
+
+
+def test_a_cpu_run_takes_only_the_notes_that_name_the_cpu():
+    on_cpu = retrieve("AMD EPYC 7B13", ["matmul", "row_reduction"], "memory", cpu=True, max_chars=100000)
+    assert [n.name for n in on_cpu] == ["cpu"]
+    on_gpu = retrieve("NVIDIA H200", ["matmul"], "compute", max_chars=100000)
+    assert "cpu" not in [n.name for n in on_gpu] and "hopper" in [n.name for n in on_gpu]
+    assert "harness-rules" not in [n.name for n in retrieve("NVIDIA H200", [], None, max_chars=100000,
+                                                            exclude=("harness-rules",))]

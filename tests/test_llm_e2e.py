@@ -79,7 +79,7 @@ def test_optimize_with_a_local_server(tmp_path: Path, provider: str) -> None:
                r["headers"].get("authorization") == f"Bearer {KEY}" for r in requests)
     assert {r["path"] for r in requests} == {"/v1/chat/completions" if provider == "openai" else "/v1/messages"}
     first = prompts[0]
-    for needle in ("class Model", "input 0: float32 [256, 512]", "roofline floor", "Facts about the target",
+    for needle in ("class Model", "input 0: float32 [256, 512]", "eager reference", "Facts about the target",
                    "caching by pointer"):
         assert needle in first, needle
     # Proposals are pipelined: the second prompt (sent twice, around the 429) is built while the first kernel is
@@ -98,7 +98,7 @@ def test_optimize_with_a_local_server(tmp_path: Path, provider: str) -> None:
     best = (out / "best.py").read_text()  # the good kernel, or the reference when it did not beat eager here
     assert "torch.addcmul" in best or "no candidate of this run beat eager" in best
     said = " ".join(proc.stdout.split())  # the console wraps long lines
-    assert "model calls: 3 (3 candidates, 0 without code, 0 failed)" in said
+    assert "model calls: 3 (3 candidates, 0 without code, 0 repeats, 0 failed)" in said
     assert "tokens 4300 in, 820 out, $0.0059" in said
 
     assert "Model calls" in (out / "report.html").read_text() and "scripted-coder" in (out / "report.html").read_text()
@@ -122,7 +122,7 @@ def test_manual_proposer_times_out_then_resumes_with_the_reply(tmp_path: Path) -
                             "--manual-dir", str(prompts), "--manual-timeout", "1", "--max-evals", "2", *common],
                            capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert first.returncode == 1, first.stdout + first.stderr  # nothing verified yet
-    assert "nothing left to try" in " ".join(first.stdout.split())
+    assert "nothing left to try (manual: no run1-001.reply.md within 1 s" in " ".join(first.stdout.split())
     prompt = prompts / "run1-001.prompt.md"
     assert "class Model" in prompt.read_text() and "run1-001.reply.md" in prompt.read_text()
     (prompts / "run1-001.reply.md").write_text(f"```python\n{GOOD}```")
@@ -131,3 +131,24 @@ def test_manual_proposer_times_out_then_resumes_with_the_reply(tmp_path: Path) -
     said = " ".join(again.stdout.split())
     assert again.returncode == 0, again.stdout + again.stderr
     assert "manual" in said and "ok" in said and (out / "best.py").is_file()
+
+
+def test_a_server_that_always_answers_the_same_kernel_costs_a_handful_of_calls(tmp_path: Path) -> None:
+    """Every reply is the same file: it is judged once, each repeat is fed back, and after three the run stops and
+    says why (it made 101 calls for one judged candidate before repeats were caught)."""
+    pytest.importorskip("openai")
+    script = [Reply(f"```python\n{GOOD}```", input_tokens=4000, output_tokens=600)] * 30
+    out, db = tmp_path / "out", tmp_path / "ke.db"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    with ScriptedServer(script) as srv:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kernelevolve.cli", "optimize", str(EXAMPLE), "--proposer", "llm",
+             "--llm-base-url", srv.openai_base_url, "--llm-model", "same-coder", "--max-evals", "3", "--stall", "0",
+             "--device", "cpu", "--timing-budget-ms", "100", "--timeout", "300", "--db", str(db), "--out", str(out)],
+            capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+        calls = len(srv.requests)
+    said = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert calls <= 5, said
+    assert "repeated candidates the run already holds" in said and "1 evaluation(s)" in said
+    assert "repeats" in said and "model calls:" in said

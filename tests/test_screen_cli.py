@@ -31,7 +31,9 @@ def test_a_screened_run_judges_only_its_finalists(tmp_path):
     proc = _optimize(db, out, "--screen-batch", "4", "--finalists", "1", "--max-evals", "2")
     assert "screened 4 candidate(s); 1 sent on to the judge" in proc.stdout
     runs = _runs(db)
-    assert len(runs) == 1 and runs[0]["evaluated"] == 2 and runs[0]["screened"] >= 8
+    # two batches: the first holds the template's 4 seeds; the second its new configurations, of which a random draw
+    # can repeat one the run already holds (dropped), in about one run in ten
+    assert len(runs) == 1 and runs[0]["evaluated"] == 2 and runs[0]["screened"] >= 6
     assert isinstance(runs[0]["screened"], int) and isinstance(runs[0]["evaluated"], int)
     shown = subprocess.run(CLI + ["show", "latest", "--db", str(db)], capture_output=True, text=True, timeout=120,
                            env=ENV, check=True).stdout

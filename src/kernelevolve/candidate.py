@@ -43,6 +43,7 @@ class Meta(TypedDict, total=False):
     prompt_tokens: int
     dropped_sections: list[str]
     llm_call: int | None
+    reply: str  # manual: the reply file it came from (its verdict is written beside it)
     reused: bool  # the search loop: seeded from a kernel already verified in another run
 
 

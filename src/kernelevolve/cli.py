@@ -55,6 +55,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     console = _console()
     store = Store(args.db)
     counts: dict[str, int] = {}
+    run: dict[str, int] = {}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[status]}"), console=console, transient=False) as progress:
         task = progress.add_task("starting", total=cfg.max_evals, status="")
@@ -62,22 +63,28 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         def on_stage(stage: str) -> None:
             progress.update(task, description=stage)
 
+        def status() -> str:
+            line = " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+            usage = store.llm_usage(run["id"]) if "id" in run else None
+            return line + (f"  model {spend_line(usage, cfg.proposer_options)}" if usage else "")
+
         def on_result(node: Node, result: Any) -> None:
             counts[result.status.value] = counts.get(result.status.value, 0) + 1
             progress.advance(task)
             line = f"node {node.id:>3} {node.proposer:<9} {result.status.value:<13} "
             reason = result.reason + (f"; SUSPECT: {result.details['suspect']}" if result.details.get("suspect") else "")
-            line += f"{_fmt_ms(result.runtime_ms):>12}  {_fmt_x(result.speedup_eager)} vs eager  {reason[:90]}"
-            progress.console.print(line, markup=False)
-            progress.update(task, status=" ".join(f"{k}:{v}" for k, v in sorted(counts.items())))
+            line += f"{_fmt_ms(result.runtime_ms):>12}  {_fmt_x(result.speedup_eager)} vs eager  {reason}"
+            # one line whatever its length: the terminal wraps it, not rich in the middle of the reason
+            progress.console.print(line, markup=False, soft_wrap=True)
+            progress.update(task, status=status())
 
         def on_screen(screened: int, sent: int) -> None:
             counts["screened"] = counts.get("screened", 0) + screened
             progress.console.print(f"screened {screened} candidate(s); {sent} sent on to the judge", markup=False)
-            progress.update(task, status=" ".join(f"{k}:{v}" for k, v in sorted(counts.items())))
+            progress.update(task, status=status())
 
         outcome = optimize(args.problem, cfg, store, Path(args.out), resume=args.resume, on_result=on_result,
-                           on_stage=on_stage, on_screen=on_screen)
+                           on_stage=on_stage, on_screen=on_screen, on_run=lambda rid: run.update(id=rid))
     _print_usage(console, store, outcome.run_id)
     _print_outcome(console, outcome, args.db)
     return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
@@ -110,9 +117,12 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
 def _proposer_options(args: argparse.Namespace) -> dict[str, Any]:
     """The prompted proposers' settings from the flags: JSON-safe, stored with the run, and never holding a key (only
     the name of the variable that holds it)."""
+    if min(args.llm_calls, args.llm_tokens, args.llm_cost) < 0:
+        raise UsageError("--llm-calls, --llm-tokens and --llm-cost take 0 (no limit) or more")
     opts: dict[str, Any] = {"knowledge_dirs": list(args.knowledge or []), "prompts_dir": args.prompts,
                             "prompt_tokens": args.prompt_tokens, "manual_dir": args.manual_dir,
-                            "manual_timeout_s": args.manual_timeout}
+                            "manual_timeout_s": args.manual_timeout, "max_calls": args.llm_calls,
+                            "max_tokens": args.llm_tokens, "max_cost_usd": args.llm_cost}
     if args.llm_model or args.llm_config:
         from dataclasses import replace
 
@@ -135,13 +145,31 @@ def _proposer_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def spend_line(usage: dict[str, Any], options: dict[str, Any]) -> str:
+    """Calls, tokens and cost so far against the run's budget, in a few characters."""
+    from kernelevolve.propose.llm import SpendLimits
+
+    d = SpendLimits()
+    lim = lambda key, default: options.get(key, default) or None  # noqa: E731
+    calls, tokens, cost = lim("max_calls", d.calls), lim("max_tokens", d.tokens), lim("max_cost_usd", d.cost_usd)
+    used = usage["input_tokens"] + usage["output_tokens"]
+    line = f"calls {usage['calls']}/{calls or '∞'} tokens {_kilo(used)}/{_kilo(tokens) if tokens else '∞'}"
+    if usage["cost_usd"] is not None:
+        line += f" ${usage['cost_usd']:.2f}/{f'${cost:g}' if cost else '∞'}"
+    return line
+
+
+def _kilo(n: float) -> str:
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k" if n >= 1e3 else f"{n:.0f}"
+
+
 def _print_usage(console: Any, store: Any, run_id: int) -> None:
     usage = store.llm_usage(run_id)
     if usage:
         cost = "" if usage["cost_usd"] is None else f", ${usage['cost_usd']:.4f}"
         console.print(f"model calls: {usage['calls']} ({usage['candidates']} candidates, {usage['no_code']} without "
-                      f"code, {usage['errors']} failed); tokens {usage['input_tokens']} in, "
-                      f"{usage['output_tokens']} out{cost}", markup=False)
+                      f"code, {usage['repeats']} repeats, {usage['errors']} failed); tokens {usage['input_tokens']} "
+                      f"in, {usage['output_tokens']} out{cost}", markup=False)
 
 
 def _print_outcome(console: Any, outcome: Any, db: str) -> None:
@@ -226,8 +254,15 @@ def cmd_prompt(args: argparse.Namespace) -> int:
     from kernelevolve.propose.llm import PromptedProposer, fastest_verified
     from kernelevolve.propose.prompt import build_prompt
 
-    device = _device(args)
-    problem = load_problem(args.problem, device)
+    import torch
+
+    # A prompt needs no GPU: a CUDA run's prompt is written here from the problem read on the CPU, without a profile
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    here = device == "cpu" or torch.cuda.is_available()
+    if not here and not (args.no_profile or args.run):
+        raise UsageError("--device cuda: no CUDA device here to profile the reference on; add --no-profile (and "
+                         "--device-name NAME for the device's facts) to write the prompt without a profile")
+    problem = load_problem(args.problem, device if here else "cpu")
     history, profile, experience = [], None, []
     if args.run:
         from kernelevolve.search.loop import rank_experience
@@ -246,6 +281,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
     preview = type("PromptPreview", (PromptedProposer,), {"name": args.proposer})  # whose failures it repairs
     proposer = preview(device, seed=args.seed, knowledge_dirs=args.knowledge or (), prompts_dir=args.prompts,
                        budget_tokens=args.prompt_tokens)
+    proposer.device_name = args.device_name
     ctx = ProposalContext(problem, device, profile, history, [], experience)
     pin = proposer.prompt_inputs(ctx)
     strategy, parent, kids = proposer.expander.plan(history, 1)[0]
@@ -372,17 +408,23 @@ def cmd_show(args: argparse.Namespace) -> int:
                    + (f", screen times {_fmt_ms(sc['ms']['min'])} to {_fmt_ms(sc['ms']['max'])} "
                       f"(median {_fmt_ms(sc['ms']['median'])})" if sc.get("ms") else "") if sc else ""))
     branches: dict[Any, Any] = {}
+    depth: dict[Any, int] = {}
     best = view["best"]["node"] if view["best"] else None
+    console = _console()
     for n in view["nodes"]:
         what = (n.get("meta") or {}).get("label")
         screen = (f" (screen {n['screen_status']} {_fmt_ms(n['screen_ms'])})" if n.get("screen_status") else "")
         label = (f"#{n['id']} {n['proposer']}{f' ({what})' if what else ''}{screen} {n['status']} "
                  f"{_fmt_ms(n['runtime_ms'])} "
                  f"{_fmt_x(n['speedup_eager'])} vs eager {_fmt_x(n['speedup_compile'])} vs compile"
-                 f"{' (cached)' if n['cached'] else ''}{' ← best' if n['id'] == best else ''}  {n['reason'][:60]}")
+                 f"{' (cached)' if n['cached'] else ''}{' ← best' if n['id'] == best else ''}  ")
+        depth[n["id"]] = depth.get(n["parent"], 0) + 1
+        # the reason gets what the terminal has left on the line (the tree indents 4 columns a level), at least 60
+        room = max(60, console.width - len(label) - 4 * depth[n["id"]] - 1)
+        reason = " ".join(n["reason"].split())
         parent = branches.get(n["parent"], tree)
-        branches[n["id"]] = parent.add(label)
-    _console().print(tree)
+        branches[n["id"]] = parent.add(label + (reason if len(reason) <= room else reason[:room - 1] + "…"))
+    console.print(tree)
     return EXIT_OK
 
 
@@ -495,7 +537,9 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     p.add_argument("problem")
     p.add_argument("--device", choices=["cpu", "cuda"], help=device_help)
     p.add_argument("--proposer", default="template,inductor",
-                   help="comma-separated proposer names: template, inductor (default: template,inductor)")
+                   help="comma-separated proposer names: template (the Triton template library), inductor "
+                        "(torch.compile configurations), llm (a language model: --llm-model), manual (you answer "
+                        "the prompts: --manual-dir) (default: template,inductor)")
     p.add_argument("--max-evals", type=int, default=20)
     p.add_argument("--time-budget", type=float, help="seconds of search, counted from the first proposal")
     p.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")
@@ -530,6 +574,13 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     g.add_argument("--llm-concurrency", type=int, default=4, help="calls in flight at once")
     g.add_argument("--llm-max-tokens", type=int, default=8192, help="reply budget per call")
     g.add_argument("--llm-price", metavar="IN,OUT", help="USD per million input and output tokens, for the cost")
+    g.add_argument("--llm-calls", type=int, default=60, metavar="N",
+                   help="the run's budget of model calls (llm and manual); 0: no limit (default 60)")
+    g.add_argument("--llm-tokens", type=int, default=1_000_000, metavar="N",
+                   help="the run's budget of input plus output tokens; 0: no limit (default 1000000)")
+    g.add_argument("--llm-cost", type=float, default=10.0, metavar="USD",
+                   help="the run's budget in USD, counted where --llm-price or the config gives prices; 0: no limit "
+                        "(default 10)")
     g.add_argument("--knowledge", action="append", metavar="DIR", help="a folder of your own notes (*.md); repeatable")
     g.add_argument("--prompts", metavar="DIR", help="prompt templates that replace the built-in ones by file name")
     g.add_argument("--prompt-tokens", type=int, default=12000, help="prompt budget; low-priority sections go first")
@@ -571,6 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--run", help="build it from this stored run's tree (an id or 'latest'), as its next step would")
     q.add_argument("--db", default=DEFAULT_DB)
     q.add_argument("--no-profile", action="store_true", help="skip profiling the reference (without --run)")
+    q.add_argument("--device-name", metavar="NAME", help="the device the facts are for, without a profile "
+                   "(e.g. 'NVIDIA H200'); default: the profile's device")
     q.add_argument("--knowledge", action="append", metavar="DIR", help="a folder of your own notes; repeatable")
     q.add_argument("--prompts", metavar="DIR", help="prompt templates that replace the built-in ones by file name")
     q.add_argument("--prompt-tokens", type=int, default=12000)

@@ -157,16 +157,27 @@ def _baseline(base: dict | None) -> str:
     return f"<h2>Baseline</h2>{_kv(pairs)}{err}"
 
 
-def _llm(usage: dict | None) -> str:
-    """Language-model calls of the run: counts, tokens and cost, in all and per model (nothing when there were none)."""
+def _llm(usage: dict | None, config: dict | None = None, stop_reason: str | None = None) -> str:
+    """Language-model calls of the run: counts, tokens and cost, in all and per model, against the run's budget
+    (nothing when there were none)."""
     if not usage:
         return ""
-    headers = ["model", "calls", "candidates", "no code", "failed", "input tokens", "output tokens", "cost"]
-    rows = [[_e(name), str(u["calls"]), str(u["candidates"]), str(u["no_code"]), str(u["errors"]),
-             str(u["input_tokens"]), str(u["output_tokens"]),
+    headers = ["model", "calls", "candidates", "no code", "repeats", "failed", "input tokens", "output tokens", "cost"]
+    rows = [[_e(name), str(u["calls"]), str(u["candidates"]), str(u["no_code"]), str(u.get("repeats", 0)),
+             str(u["errors"]), str(u["input_tokens"]), str(u["output_tokens"]),
              "—" if u["cost_usd"] is None else f"${u['cost_usd']:.4f}"]
             for name, u in [*usage["by_model"].items(), ("all", usage)]]
-    return f"<h2>Model calls</h2>{_table(headers, rows, frozenset(range(1, 8)))}"
+    from kernelevolve.propose.llm import SpendLimits
+
+    opts, d = (config or {}).get("proposer_options") or {}, SpendLimits()
+    lim = lambda key, default: opts.get(key, default) or None  # noqa: E731
+    budget = [("budget: calls", str(lim("max_calls", d.calls) or "no limit")),
+              ("budget: tokens", str(lim("max_tokens", d.tokens) or "no limit")),
+              ("budget: cost", _num(lim("max_cost_usd", d.cost_usd), "g", " USD") if lim("max_cost_usd", d.cost_usd)
+               else "no limit")]
+    if stop_reason and "budget" in stop_reason:
+        budget.append(("stopped", _e(stop_reason)))
+    return f"<h2>Model calls</h2>{_table(headers, rows, frozenset(range(1, 9)))}{_kv(budget)}"
 
 
 def _approvals(rows: list[dict] | None) -> str:
@@ -301,7 +312,7 @@ def render_report(view: dict) -> str:
     baseline = view.get("baseline") or {}
     title = f"{problem.get('name') or 'problem'}: run {run.get('id')}"
     body = [_header(view), _summary(nodes), _screen(view.get("screen")), _baseline(view.get("baseline")),
-            _llm(view.get("llm_usage")),
+            _llm(view.get("llm_usage"), run.get("config"), run.get("stop_reason")),
             _profile(view.get("profile")),
             _chart(nodes, baseline.get("eager_ms")), _best(view.get("best")), _approvals(view.get("approvals")),
             _nodes(nodes),
@@ -466,6 +477,26 @@ def write_outputs(store: Store, run_id: int, out_dir: Path) -> tuple[dict[str, P
     files = {"report": write_report(view, out_dir / "report.html")}
     best = view["best"]
     path = out_dir / "best.py"
-    path.write_text(best["source"])
+    path.write_text(provenance(view) + best["source"])
     files["best"] = path
     return files, best["why"]
+
+
+def provenance(view: dict[str, Any]) -> str:
+    """The comment lines that open best.py: which run and node it is, who proposed it, and the judge's verdict."""
+    run, best = view["run"], view["best"]
+    head = f"# kernelevolve: run {run['id']} of {view['problem']['name']} on {run['device']}"
+    node = next((n for n in view["nodes"] if n["id"] == best.get("node")), None)
+    if node is None:
+        return f"{head}; no node: {best['why']}\n"
+    what = (node.get("meta") or {}).get("label")
+    verdict = f"{node['status']}: {node['reason']}"
+    if node["timed"] and node["runtime_ms"] is not None:
+        verdict += (f"; {node['runtime_ms']:.4g} ms, {_x(node['speedup_eager'])} eager, "
+                    f"{_x(node['speedup_compile'])} torch.compile")
+    return (f"{head}\n# node {node['id']}, proposer {node['proposer']}{f' ({what})' if what else ''}, "
+            f"source sha256 {node['sha'][:16]}\n# verdict: {verdict}\n")
+
+
+def _x(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}x"

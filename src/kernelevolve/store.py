@@ -65,8 +65,8 @@ CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status, priority, id);
 # serving machine has); heartbeat is Unix seconds, renewed by the owner ("host:pid") every lease_s / 3 while it runs.
 # requeued_from names the job whose problem and config a re-queued job repeats, and note says why it was queued.
 # llm_calls.status: "candidate" (the reply became a candidate, whose node meta names the call), "no_code" (the reply
-# held no usable file; detail says why) or "error" (the call failed: detail is the error kind and message). No prompt
-# or key is stored.
+# held no usable file; detail says why), "repeat" (the reply repeated a candidate the run holds; detail names it) or
+# "error" (the call failed: detail is the error kind and message). No prompt or key is stored.
 
 
 class StoreError(Exception):
@@ -308,6 +308,7 @@ class Store:
             costs = [r["cost_usd"] for r in rows if r["cost_usd"] is not None]
             return {"calls": len(rows), "candidates": sum(r["status"] == "candidate" for r in rows),
                     "no_code": sum(r["status"] == "no_code" for r in rows),
+                    "repeats": sum(r["status"] == "repeat" for r in rows),
                     "errors": sum(r["status"] == "error" for r in rows),
                     "input_tokens": sum(r["input_tokens"] for r in rows),
                     "output_tokens": sum(r["output_tokens"] for r in rows),

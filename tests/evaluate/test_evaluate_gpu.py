@@ -15,6 +15,24 @@ def test_genuine_is_ok_and_timed_with_cuda_events(gpu_evaluator, candidate, name
     assert r.status is Status.OK, (r.reason, r.error)
     assert r.timed and r.timing.method == "cuda-events"
     assert "side_stream" not in r.details
+    # the host's launch time of a call, and when the timing began: beside a GPU trace they explain a slow timing
+    assert 0 < r.details["host_ms"] < 1000 and r.details["timed_at"] > 0
+
+
+def test_a_wrong_output_on_the_gpu_carries_its_mismatch_report(gpu_evaluator, candidate):
+    """The report is computed on the device's tensors, a chunk at a time, like the comparison."""
+    from kernelevolve.candidate import Candidate
+    from kernelevolve.evaluate.feedback import describe_failure
+
+    source = candidate("genuine_torch").source.replace("return ", "y = ", 1)
+    source += "        y[:, 64:96] = 0  # columns a store mask never writes\n        return y\n"
+    r = gpu_evaluator.evaluate(Candidate(source))
+    assert r.status is Status.INCORRECT, (r.reason, r.error)
+    report = r.details["mismatch"]
+    # relu leaves some of those columns at zero in the reference too: the wrong ones lie within 64-95, in every row
+    cols = report["where"]["columns"]
+    assert report["wrong"] > 0 and all(64 <= a <= b <= 95 for a, b in cols), report["where"]
+    assert report["where"]["rows"] == [[0, 63]] and "of 128" in describe_failure(r, source)
 
 
 @pytest.mark.parametrize("name, status, fragment", [

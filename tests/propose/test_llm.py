@@ -207,3 +207,110 @@ def test_manual_proposer_times_out_and_asks_for_the_same_file_on_resume(problem,
 
 def test_candidates_are_plain_candidates():
     assert Candidate(GOOD.format(tag=1), proposer="llm").language == "torch"
+
+
+# --- lines of work, repeats and the run's model budget ------------------------------------------------------------
+def pending_node(i, proposer="llm"):
+    return make_node(i, None, None, proposer, meta={"label": f"n{i}"}, source=GOOD.format(tag=i))
+
+
+def test_a_line_of_work_waits_for_the_verdict_of_its_last_reply(monkeypatch, problem, store):
+    """With one line (concurrency 1, the manual case) no prompt is written while the last reply is being judged; once
+    its verdict is in, the next step repairs it."""
+    p = make_llm(monkeypatch, [f"```python\n{GOOD.format(tag='fixed')}```"], store)
+    p.concurrency = 1
+    assert p.propose(ctx(problem, [pending_node(1)]), 1) == [] and p.client.prompts == []
+    assert not p.done()  # waiting, not stopped
+    cands = p.propose(ctx(problem, [node(1, Status.INCORRECT, None)]), 1)
+    assert cands[0].meta["strategy"] == "repair" and cands[0].parent == 1
+    assert len(p.client.prompts) == 1
+
+
+def test_several_lines_of_work_stay_in_flight(monkeypatch, problem, store):
+    replies = [f"```python\n{GOOD.format(tag=t)}```" for t in "abc"]
+    p = make_llm(monkeypatch, replies, store)  # concurrency 2
+    assert len(p.propose(ctx(problem, [pending_node(1)]), 4)) == 1  # one of two lines is free
+    assert p.propose(ctx(problem, [pending_node(1), pending_node(2)]), 4) == []
+
+
+def test_a_screen_failure_is_repaired_like_a_judged_one(monkeypatch, problem, store):
+    from kernelevolve.evaluate.result import ScreenResult
+    from dataclasses import replace
+
+    p = make_llm(monkeypatch, [f"```python\n{GOOD.format(tag='fixed')}```"], store)
+    screened = replace(pending_node(1), screen=ScreenResult(Status.INCORRECT, "output: 7 of 64 elements outside atol"))
+    cands = p.propose(ctx(problem, [screened]), 1)
+    assert cands[0].meta["strategy"] == "repair" and "7 of 64 elements outside atol" in p.client.prompts[0]
+
+
+def test_replies_that_repeat_a_known_candidate_are_fed_back_then_stop_the_proposer(monkeypatch, problem, store):
+    same = f"```python\n{GOOD.format(tag=1)}```"  # node 1's source, already judged
+    p = make_llm(monkeypatch, [same] * 10, store, max_repeats=3)
+    judged = node(1, Status.INCORRECT, None)
+    assert p.propose(ctx(problem, [judged]), 1) == []
+    calls = store.llm_calls(store.run_id)
+    assert [c["status"] for c in calls] == ["repeat"] * 3 and "identical to node 1" in calls[0]["detail"]
+    assert "judged incorrect" in calls[0]["detail"]
+    assert "Your last reply was identical to node 1" in p.client.prompts[1]  # fed back in the next prompt
+    assert "Your last reply" not in p.client.prompts[0]
+    assert p.done() and "3 replies in a row repeated" in p.stopped
+    assert p.propose(ctx(problem, [judged]), 1) == [] and len(p.client.prompts) == 3
+    assert store.llm_usage(store.run_id)["repeats"] == 3
+
+
+def test_a_repeat_within_one_batch_is_caught(monkeypatch, problem, store):
+    same = f"```python\n{GOOD.format(tag='x')}```"
+    p = make_llm(monkeypatch, [same, same], store)
+    cands = p.propose(ctx(problem), 2)
+    assert len(cands) == 1
+    assert sorted(c["status"] for c in store.llm_calls(store.run_id)) == ["candidate", "repeat"]
+
+
+@pytest.mark.parametrize("limits, fragment", [
+    ({"calls": 2}, "2 calls of 2"),
+    ({"calls": None, "tokens": 300}, "300 tokens of 300"),  # 150 tokens a call
+    ({"calls": None, "tokens": None, "cost_usd": 0.002}, "$0.00 of $0.002"),
+])
+def test_the_model_budget_stops_the_proposer(monkeypatch, problem, store, limits, fragment):
+    from kernelevolve.propose.llm import SpendLimits
+
+    p = make_llm(monkeypatch, ["no code here"] * 10, store)
+    p.limits = SpendLimits(**{"calls": None, "tokens": None, "cost_usd": None, **limits})
+    assert p.propose(ctx(problem), 1) == []
+    assert len(store.llm_calls(store.run_id)) == 2 and p.done() and "budget is spent" in p.stopped
+    assert fragment.split(" of ")[1] in p.stopped
+
+
+def test_a_resumed_run_counts_its_earlier_calls_against_the_budget(monkeypatch, problem, store):
+    from kernelevolve.propose.llm import SpendLimits
+
+    for _ in range(3):
+        store.add_llm_call(store.run_id, "llm", "fake-model", "scratch", "no_code", "", None, 10, 10)
+    p = make_llm(monkeypatch, [f"```python\n{GOOD.format(tag='a')}```"], store)
+    p.limits = SpendLimits(calls=3)
+    assert p.propose(ctx(problem), 1) == [] and p.client.prompts == [] and "3 calls of 3" in p.stopped
+
+
+def test_manual_replies_get_their_verdicts_beside_them(problem, store, tmp_path):
+    import json
+
+    from kernelevolve.evaluate.result import Result
+
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    (folder / f"run{store.run_id}-001.reply.md").write_text("no code, sorry")
+    (folder / f"run{store.run_id}-002.reply.md").write_text(f"```python\n{GOOD.format(tag='m')}```")
+    p = ManualProposer("cpu", folder, timeout_s=5, seed=0)
+    p.bind(store, store.run_id)
+    cands = p.propose(ctx(problem), 1)
+    first = json.loads((folder / f"run{store.run_id}-001.verdict.json").read_text())
+    assert first["status"] == "no_code" and not first["judged"]
+    assert "no code block" in (folder / f"run{store.run_id}-001.verdict.md").read_text()
+    assert cands[0].meta["reply"] == f"run{store.run_id}-002.reply.md"
+    assert store.llm_calls(store.run_id)[1]["input_tokens"] > 100  # the prompt's size, estimated
+    wrong = make_node(7, Result(Status.INCORRECT, "output: 3 of 10 elements outside atol"), None, "manual",
+                      meta=cands[0].meta, source=cands[0].source)
+    p.observe(wrong)
+    verdict = json.loads((folder / f"run{store.run_id}-002.verdict.json").read_text())
+    assert verdict["status"] == "incorrect" and verdict["node"] == 7 and verdict["judged"]
+    assert "3 of 10 elements outside atol" in (folder / f"run{store.run_id}-002.verdict.md").read_text()

@@ -30,7 +30,8 @@ GOOD = "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, 
 def pin() -> PromptInputs:
     problem = load_problem(EXAMPLE, "cpu")
     profile = make_profile(device_name="NVIDIA H200", dtype="float32", bound="memory", flops=2e9, bytes=5e7,
-                           floor_ms=0.01, eager_ms=0.05, top_ops=[{"name": "addmm", "pct": 80.0}])
+                           floor_ms=0.01, eager_ms=0.05, top_ops=[{"name": "addmm", "pct": 80.0}],
+                           ceilings_source="table")
     return PromptInputs(problem, "NVIDIA H200", describe_inputs(problem), profile,
                         knowledge="H200: 132 SMs, 4.8 TB/s HBM3e.")
 
@@ -129,3 +130,71 @@ def test_replies_without_a_candidate(reply, why):
 def test_language():
     assert language_of("import triton\n@triton.jit\ndef k(): pass") == "triton"
     assert language_of(GOOD) == "torch"
+
+
+# --- a prompt that is true for the run ------------------------------------------------------------------------------
+GPU_WORDS = ("CUDA", "GPU", "cuBLAS", "L2", "SM", "HBM", "warp", "Hopper", "H200", "tensor core")
+CPU_WORDS = ("interpreter", "perf_counter", "CPU tensors")
+
+
+def _prompt(tmp_path, device: str, text: str = "", device_name: str | None = None) -> str:
+    """The CLI's prompt for a small problem written to ``tmp_path`` (module text ``text`` after the Model)."""
+    import contextlib
+    import io
+
+    from kernelevolve.cli import main
+
+    path = tmp_path / f"p_{device}.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+                    "        return torch.softmax(x.float(), dim=-1).to(x.dtype)\n\n\ndef get_inputs():\n"
+                    "    return [torch.randn(32, 64).to(torch.bfloat16)]\n\n\ndef get_init_inputs():\n"
+                    f"    return []\n{text}")
+    argv = ["prompt", str(path), "--device", device, "--no-profile"] + (
+        ["--device-name", device_name] if device_name else [])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    return out.getvalue()
+
+
+def _tolerances(text: str) -> list[tuple[float, float, str]]:
+    import re
+
+    return [(float(a), float(r), d) for a, r, d in re.findall(r"atol ([0-9.e+-]+), rtol ([0-9.e+-]+) for (\w+)", text)]
+
+
+@pytest.mark.parametrize("device, name", [("cpu", None), ("cuda", "NVIDIA H200")])
+def test_the_prompt_states_the_judges_tolerance_once_and_only_facts_of_its_device(tmp_path, device, name):
+    import re
+
+    import torch
+
+    from kernelevolve.evaluate.checks import REF_ERROR_FACTOR, tolerance
+
+    text = _prompt(tmp_path, device, device_name=name)
+    assert _tolerances(text) == [(*tolerance(torch.bfloat16), "bfloat16")]  # once, and the judge's own numbers
+    assert text.count("|out - ref|") == 1 and f"within {REF_ERROR_FACTOR:g}x the reference's own error" in text
+    # every other tolerance-like number agrees with the judge's (no "about 1e-4" anywhere)
+    for number in re.findall(r"\b\d(?:\.\d+)?e-\d+\b", text):
+        assert float(number) in tolerance(torch.bfloat16), number
+    words = GPU_WORDS if device == "cpu" else CPU_WORDS
+    assert not [w for w in words if re.search(rf"\b{re.escape(w)}\b", text)], text
+    if device == "cpu":
+        assert "verified but not timed" in text and "CPU tensors" in text
+    else:
+        assert "CUDA events" in text and "NVIDIA H200" in text and "Hopper" in text
+    assert "What the evaluator accepts" not in text  # the rules are stated once, in the Rules section
+
+
+def test_the_prompt_follows_the_problems_own_tolerance_and_tf32(tmp_path):
+    text = _prompt(tmp_path, "cpu", "\nATOL = 5e-2\nRTOL = 1e-1\n")
+    assert _tolerances(text) == [(0.05, 0.1, "bfloat16")] and "set by the problem" in text
+
+
+def test_an_improve_prompt_places_the_parent_against_the_baselines_and_the_floor(pin):
+    from dataclasses import replace
+
+    parent = node(1, GOOD, ms=0.02)
+    parent = replace(parent, result=replace(parent.result, speedup_eager=2.5, speedup_compile=1.25))
+    p = build_prompt("improve", pin, parent=parent)
+    assert "0.02 ms (2.50x eager, 1.25x torch.compile, 50% of the roofline floor's speed)" in p.user

@@ -55,16 +55,7 @@ def compare_outputs(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_t
     some element is outside the tolerance around ``ref``. Such an element still passes when it is within the tolerance
     around the exact value, or within REF_ERROR_FACTOR times the reference's own error, whichever is larger: never
     stricter than ``ref`` alone."""
-    exact_outputs: list[Any] = []
-
-    def exact_at(i: int) -> torch.Tensor | None:
-        if exact is None:
-            return None
-        if not exact_outputs:
-            exact_outputs.append(exact())
-        got = exact_outputs[0]
-        return got[i] if got is not None and i < len(got) else None
-
+    exact_at = exact_per_output(exact)
     if len(out) != len(ref):
         return f"expected {len(ref)} output(s), got {len(out)}"
     for i, (r, o) in enumerate(zip(ref, out)):
@@ -81,6 +72,30 @@ def compare_outputs(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_t
     return None
 
 
+def exact_per_output(exact: Callable[[], tuple[torch.Tensor, ...] | None] | None) -> Callable[[int], Any]:
+    """Output ``i`` of the float64 reference (None where there is none), ``exact`` called at most once."""
+    got: list[Any] = []
+
+    def at(i: int) -> torch.Tensor | None:
+        if exact is None:
+            return None
+        if not got:
+            got.append(exact())
+        return got[0][i] if got[0] is not None and i < len(got[0]) else None
+
+    return at
+
+
+def outside_tolerance(r: torch.Tensor, o: torch.Tensor, atol: float, rtol: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``|o - r|`` and where it exceeds ``atol + rtol * |r|``, among elements finite on both sides: where NaN and Inf
+    sit is the pattern check's to judge, so that a NaN never hides, nor stands for, the value errors."""
+    err = (o - r).abs()
+    bad = err > atol + rtol * r.abs()  # NaN differences compare False; only an Inf on one side gives True
+    if bool(bad.any()):
+        bad &= torch.isfinite(r) & torch.isfinite(o)
+    return err, bad
+
+
 def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: float,
                     exact: Callable[[], torch.Tensor | None] = lambda: None) -> str | None:
     """One output against the reference, a chunk of elements at a time: the temporaries stay at a few hundred MB
@@ -91,20 +106,28 @@ def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: flo
     if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
         bad = sum(int((r_all[a:b] != o_all[a:b].to(ref.device)).sum()) for a, b in spans)
         return f"{bad} of {n} elements differ (exact match required)" if bad else None
-    if ref.dtype.is_complex:  # a cast to a real dtype would drop the imaginary parts unchecked
-        wide = torch.complex128 if ref.dtype == torch.complex128 else torch.complex64
-    else:
-        wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    wide = compared_as(ref.dtype)
     pattern = _special_patterns(r_all, o_all, wide, spans)
-    if pattern:
-        return pattern
+    values = _value_errors(ref, r_all, o_all, wide, spans, atol, rtol, exact)
+    return "; ".join(filter(None, (pattern, values))) or None
+
+
+def compared_as(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a floating or complex output is compared in, a chunk at a time."""
+    if dtype.is_complex:  # a cast to a real dtype would drop the imaginary parts unchecked
+        return torch.complex128 if dtype == torch.complex128 else torch.complex64
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _value_errors(ref: torch.Tensor, r_all: torch.Tensor, o_all: torch.Tensor, wide: torch.dtype,
+                  spans: list[tuple[int, int]], atol: float, rtol: float,
+                  exact: Callable[[], torch.Tensor | None]) -> str | None:
+    """How many elements finite on both sides are outside the tolerance, and the worst of them."""
     widen = _Widening(ref, exact, atol, rtol) if ref.dtype.is_floating_point else None
     n_bad, worst = 0, None
     for a, b in spans:
         r, o = r_all[a:b].to(wide), o_all[a:b].to(ref.device, wide)
-        # NaN and matching Inf positions give NaN differences, and NaN > tol is False: only finite elements can fail.
-        err = (o - r).abs()
-        bad = err > atol + rtol * r.abs()
+        err, bad = outside_tolerance(r, o, atol, rtol)
         if not bool(bad.any()):
             continue
         if widen is not None:
@@ -120,7 +143,7 @@ def _compare_values(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: flo
     if not n_bad:
         return None
     note = widen.note if widen is not None and widen.used else ""
-    return (f"{n_bad} of {n} elements outside atol={atol:g} rtol={rtol:g}{note}; "
+    return (f"{n_bad} of {r_all.numel()} elements outside atol={atol:g} rtol={rtol:g}{note}; "
             f"max abs err {worst[0]:.3g} (out {worst[1]:.6g} vs ref {worst[2]:.6g})")
 
 

@@ -18,6 +18,7 @@ import torch
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate import devshare
 from kernelevolve.evaluate.checks import compare_outputs
+from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
 from kernelevolve.evaluate.timing import TimingConfig
@@ -152,13 +153,17 @@ class Evaluator:
         return tuple(o.detach() if isinstance(o, torch.Tensor) else None for o in outs)
 
     def _exact(self, seed: int, shape: int, gpu: int | None, count: int | None = None) -> Any:
-        """The float64 reference as compare_outputs takes it; None when the problem sets its own tolerances."""
+        """The float64 reference as compare_outputs takes it, computed at most once (a failed comparison's mismatch
+        report reads it again); None when the problem sets its own tolerances."""
         if self.problem.atol is not None or self.problem.rtol is not None:
             return None
+        memo: list[tuple[torch.Tensor, ...] | None] = []
 
         def compute() -> tuple[torch.Tensor, ...] | None:
-            outs = self.reference_exact(seed, shape, gpu)
-            return outs if outs is None or count is None else outs[:count]
+            if not memo:
+                outs = self.reference_exact(seed, shape, gpu)
+                memo.append(outs if outs is None or count is None else outs[:count])
+            return memo[0]
 
         return compute
 
@@ -294,10 +299,14 @@ class Evaluator:
         log.info("no device memory for the reference outputs: computed on the host")
         return self.reference(seed, shape, gpu, host=True)
 
-    def _compare(self, ref: tuple, header: dict[str, Any], blob: Buffer, exact: Any = None) -> str | None:
-        return compare_outputs(ref, _load_tensors(header, blob, _device_of(ref)), self.problem.allow_tf32,
-                               self.problem.atol,
-                               self.problem.rtol, exact)
+    def _compare(self, ref: tuple, outs: tuple, exact: Any = None, details: dict[str, Any] | None = None) -> str | None:
+        """compare_outputs with the problem's tolerances; where the outputs are wrong and ``details`` is given, the
+        mismatch report goes into it."""
+        p = self.problem
+        reason = compare_outputs(ref, outs, p.allow_tf32, p.atol, p.rtol, exact)
+        if reason and details is not None:
+            details.update(mismatch_details(ref, outs, p.allow_tf32, p.atol, p.rtol, exact))
+        return reason
 
     def _check_trial(self, child: Child, cmd: str, shape: int, gpu: int | None, what: str,
                      seed: int | None = None, details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -305,7 +314,8 @@ class Evaluator:
         header, blob, ref = self._output(child, {"cmd": cmd, "seed": seed, "shape": shape}, gpu)
         if details is not None:
             _note_peak(details, header.get("peak_bytes"))
-        reason = self._compare(ref, header, blob, self._exact(seed, shape, gpu))
+        outs = _load_tensors(header, blob, _device_of(ref))
+        reason = self._compare(ref, outs, self._exact(seed, shape, gpu), details)
         if reason:
             raise _Verdict(Status.INCORRECT, f"{what}: {reason}")
         return header
@@ -314,7 +324,7 @@ class Evaluator:
         header, blob, ref = self._output(child, {"cmd": "ghost", "seed": fresh_seed(), "shape": 0}, gpu)
         if header.get("ghost_error"):
             return
-        if self._compare(ref, header, blob) is None:
+        if self._compare(ref, _load_tensors(header, blob, _device_of(ref))) is None:
             raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
 
     def _timed(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
@@ -339,7 +349,8 @@ class Evaluator:
         outputs = {k: kept[k] for k in ("tensors", "kept", "shared") if k in kept}
         return calib, dict(res, **{"tensors": [], "kept": [], **outputs}), blob
 
-    def _check_timed_outputs(self, res: dict[str, Any], blob: Buffer, seeds: list[int], gpu: int | None) -> None:
+    def _check_timed_outputs(self, res: dict[str, Any], blob: Buffer, seeds: list[int], gpu: int | None,
+                             details: dict[str, Any]) -> None:
         """Outputs of randomly chosen timed repetitions must be right too: work skipped only while timed is caught."""
         # the references of these repetitions are computed after the outputs arrive: leave them room on the device
         memory = res.get("memory") if isinstance(res.get("memory"), dict) else {}
@@ -349,8 +360,7 @@ class Evaluator:
         for rep, count in res.get("kept", []):
             seed = seeds[int(rep) % n_sets]
             ref = self._reference_with_room(seed, 0, gpu)[:int(count)]  # outputs only, not inputs
-            reason = compare_outputs(ref, outs[at:at + int(count)], self.problem.allow_tf32, self.problem.atol,
-                                     self.problem.rtol, self._exact(seed, 0, gpu, int(count)))
+            reason = self._compare(ref, outs[at:at + int(count)], self._exact(seed, 0, gpu, int(count)), details)
             at += int(count)
             if reason:
                 raise _Verdict(Status.INCORRECT, f"timed repetition {rep}: {reason}")
@@ -382,7 +392,7 @@ class Evaluator:
         if wall > allowed:
             raise _Verdict(Status.REJECTED, f"timed loop took {wall:.3f} s by the parent's clock but the runs "
                                             f"report {reported_s:.3f} s: forged or hidden timing")
-        self._check_timed_outputs(res, blob, seeds, gpu)
+        self._check_timed_outputs(res, blob, seeds, gpu, details)
         chosen = samples
         if res["method"] == "cuda-events":
             gap, calib_gap = statistics.median([d - s for s, d in zip(samples, device_ms)]), statistics.median(

@@ -127,6 +127,7 @@ class ScreenResult:
     harness: bool = False
     host_ms: float | None = None  # median host time to launch a call while timed (see TimingRun.host_ms)
     timed_at: float | None = None  # when its timing began, by the clock of the day
+    details: dict[str, Any] = field(default_factory=dict)  # "mismatch": where wrong outputs are wrong (see mismatch.py)
 
     @property
     def ok(self) -> bool:

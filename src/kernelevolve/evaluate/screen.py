@@ -34,6 +34,7 @@ from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.checks import compare_outputs
 from kernelevolve.evaluate.evaluator import (_MALFORMED, Evaluator, _expect, _load_tensors, _raise_on_fail, _Verdict,
                                              fresh_seed)
+from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import ScreenResult, Status
 from kernelevolve.evaluate.timing import TimingConfig
@@ -449,8 +450,9 @@ class Screener:
         problem = self.evaluator.problem
         outs = _load_tensors(header, blob, torch.device(self.evaluator._ref_device(gpu)))
         reason = compare_outputs(ref, outs, problem.allow_tf32, problem.atol, problem.rtol, exact)
-        if reason:
-            return ScreenResult(Status.INCORRECT, reason, first_call_s=first)
+        if reason:  # the float64 reference, if any, is the batch's, computed once: the report costs one more pass
+            return ScreenResult(Status.INCORRECT, reason, first_call_s=first, details=mismatch_details(
+                ref, outs, problem.allow_tf32, problem.atol, problem.rtol, exact))
         return ScreenResult(Status.OK, "checked once; untimed", first_call_s=first)
 
     def _time_one(self, child: Child, path: str, seeds: list[int], checked: ScreenResult) -> ScreenResult:

@@ -11,8 +11,9 @@ A note file starts with a block such as::
 
 ``families`` takes the template families' names (FAMILIES, from ``kernelevolve.templates.registry``), the names
 the prompted proposers pass to ``retrieve``; ``bottlenecks`` takes names from BOTTLENECKS; both also take ``any``.
-``devices`` takes ``any``, architecture tags from ARCHITECTURES, or device names matched as whole words against the
-device's name ("H100").
+``devices`` takes ``any`` (any GPU), architecture tags from ARCHITECTURES, ``cpu``, or device names matched as whole
+words against the device's name ("H100"). A run on the CPU takes only the notes that name ``cpu``: the others speak
+of GPUs.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ FAMILIES = NAMES
 BOTTLENECKS = ("memory", "compute", "latency")
 ARCHITECTURES = ("hopper", "ampere", "cdna3")
 ANY = "any"
+CPU = "cpu"  # the notes of a run on the CPU, and only those
 
 # Device names as torch reports them ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "AMD Instinct MI300X"), and
 # ROCm arch names for builds that report only those. First match wins; patterns are case-insensitive whole words.
@@ -122,7 +124,7 @@ def _names(path: Path, key: str, value: str, allowed: tuple[str, ...]) -> tuple[
 
 
 def _devices(path: Path, value: str) -> tuple[str, ...]:
-    devices = tuple(v.lower() if v.lower() in (ANY, *ARCHITECTURES) else v for v in _split(value))
+    devices = tuple(v.lower() if v.lower() in (ANY, CPU, *ARCHITECTURES) else v for v in _split(value))
     if ANY in devices and len(devices) > 1:
         raise KnowledgeError(f"{path}: devices mixes '{ANY}' with other names")
     return devices
@@ -181,18 +183,22 @@ def _rank(note: Note, families: set[str], bound: str | None) -> tuple | None:
 
 
 def retrieve(device_name: str | None, families: Sequence[str], bound: str | None,
-             extra_dirs: Sequence[str | Path] = (), max_chars: int = 8000) -> list[Note]:
+             extra_dirs: Sequence[str | Path] = (), max_chars: int = 8000, cpu: bool = False,
+             exclude: Sequence[str] = ()) -> list[Note]:
     """Notes for a prompt, best first, whose ``render`` is at most ``max_chars`` long.
 
     Order: the device's architecture note, notes on the families, general notes on the bottleneck, general notes.
-    Notes whose devices exclude this device are dropped. Adding stops at the first note that would overflow
-    ``max_chars``, except that an architecture note too large on its own is skipped rather than ending the list.
+    Notes whose devices exclude this device are dropped; with ``cpu``, every note that does not name ``cpu``.
+    ``exclude``: note names to leave out. Adding stops at the first note that would overflow ``max_chars``, except
+    that an architecture note too large on its own is skipped rather than ending the list.
     """
     wanted = set(families) - {ANY}
     bound = bound if bound in BOTTLENECKS else None
     ranked = []
     for note in load_notes(extra_dirs):
-        if applies_to(note, device_name):
+        if note.name in exclude:
+            continue
+        if (CPU in note.devices) if cpu else applies_to(note, device_name):
             key = _rank(note, wanted, bound)
             if key is not None:
                 ranked.append((key, note))

@@ -10,13 +10,20 @@ def make_proposers(names: list[str], device: str, options: dict[str, Any] | None
     """Instantiate proposers by name (``inductor``, ``template``, ``llm``, ``manual``).
 
     ``options`` (JSON-safe, stored with the run) configures the prompted proposers: ``llm`` (an ``LLMSettings``
-    dict), ``knowledge_dirs``, ``prompts_dir``, ``prompt_tokens``, ``manual_dir`` and ``manual_timeout_s``."""
+    dict), ``knowledge_dirs``, ``prompts_dir``, ``prompt_tokens``, ``manual_dir``, ``manual_timeout_s``, and the
+    run's model budget ``max_calls``, ``max_tokens`` and ``max_cost_usd`` (absent: the defaults of SpendLimits; None
+    or 0: no limit)."""
     from kernelevolve.propose.inductor import InductorProposer
+    from kernelevolve.propose.llm import SpendLimits
     from kernelevolve.propose.template import TemplateProposer
 
     opts = options or {}
+    default = SpendLimits()
+    limit = lambda key, d: (opts[key] or None) if key in opts else d  # noqa: E731
     prompted = {"knowledge_dirs": tuple(opts.get("knowledge_dirs") or ()), "prompts_dir": opts.get("prompts_dir"),
-                "budget_tokens": int(opts.get("prompt_tokens") or 12000)}
+                "budget_tokens": int(opts.get("prompt_tokens") or 12000),
+                "limits": SpendLimits(limit("max_calls", default.calls), limit("max_tokens", default.tokens),
+                                      limit("max_cost_usd", default.cost_usd))}
 
     def llm() -> Proposer:
         from kernelevolve.propose.llm import LLMProposer
@@ -44,4 +51,6 @@ def make_proposers(names: list[str], device: str, options: dict[str, Any] | None
     return [registry[n]() for n in names]
 
 
-__all__ = ["ProposalContext", "Proposer", "ProposerError", "make_proposers"]
+PROPOSERS = ("template", "inductor", "llm", "manual")
+
+__all__ = ["PROPOSERS", "ProposalContext", "Proposer", "ProposerError", "make_proposers"]

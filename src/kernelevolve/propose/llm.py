@@ -8,6 +8,11 @@ How a step expands the tree depends on how the branch is doing:
 - ``scratch``: no verified node yet, or now and then for diversity.
 Targets are drawn from the fastest few verified nodes with rank weights, so one lineage cannot take every step, and a
 node whose children keep failing is left alone.
+
+Every step is built from verdicts that exist: the proposer keeps at most ``concurrency`` lines of work in flight (one
+for ``manual``), so with one line the next prompt waits for the last reply's verdict. A reply that repeats a candidate
+the run already holds is not judged again: the next prompt says so, and after ``max_repeats`` such replies in a row the
+proposer stops. So it does once the run's model budget (calls, tokens, cost) is spent.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from kernelevolve.rows import Experience, Node
 log = logging.getLogger(__name__)
 
 MAX_EXAMPLES = 2  # worked examples from earlier runs per prompt
+# Notes a prompt leaves out: its Rules section states what the evaluator accepts, from the judge's own settings.
+PROMPT_EXCLUDED_NOTES = ("harness-rules",)
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,30 @@ class ExpandConfig:
     explore: float = 0.15  # chance of a scratch step once something is verified
     top_k: int = 3  # targets are drawn from this many fastest verified nodes
     max_failed_calls: int = 6  # calls in a row without a candidate after which the proposer gives up
+    max_repeats: int = 3  # replies in a row that repeat a known candidate after which the proposer gives up
+
+
+@dataclass(frozen=True)
+class SpendLimits:
+    """A run's budget for model calls: each limit None for none. The cost counts only calls whose price is known."""
+
+    calls: int | None = 60
+    tokens: int | None = 1_000_000  # input and output together
+    cost_usd: float | None = 10.0
+
+
+def failed(node: Node) -> bool:
+    """Judged and not verified, or stopped by the screen's one check (a wrong output, a compile error): a verdict that
+    a repair can start from either way. A node still waiting for the screen or the judge is neither."""
+    if node.result is not None:
+        return not node.result.ok
+    s = node.screen
+    return s is not None and not s.ok and not s.harness
+
+
+def pending(node: Node) -> bool:
+    """Neither judged nor done with by the screen: its verdict is still to come."""
+    return node.result is None and not node.screened_out
 
 
 def fastest_verified(history: Sequence[Node]) -> list[Node]:
@@ -55,7 +86,7 @@ class Expander:
 
     def repair_depth(self, node: Node | None, by_id: dict[int, Node]) -> int:
         depth = 0
-        while node is not None and node.proposer == self.name and node.failed:
+        while node is not None and node.proposer == self.name and failed(node):
             depth += 1
             node = by_id.get(node.parent) if node.parent is not None else None
         return depth
@@ -66,10 +97,10 @@ class Expander:
         for node in history:
             if node.parent is not None:
                 children.setdefault(node.parent, []).append(node)
-        repairs = [node for node in reversed(history) if node.proposer == self.name and node.failed
+        repairs = [node for node in reversed(history) if node.proposer == self.name and failed(node)
                    and node.id not in children and self.repair_depth(node, by_id) <= self.cfg.max_repairs]
         alive = [node for node in fastest_verified(history)
-                 if sum(c.failed for c in children.get(node.id, [])) < self.cfg.max_child_failures]
+                 if sum(failed(c) for c in children.get(node.id, [])) < self.cfg.max_child_failures]
         targets = alive[:self.cfg.top_k]
         steps: list[Step] = []
         picked: dict[int, int] = {}
@@ -98,6 +129,7 @@ class Reply:
     output_tokens: int = 0
     cost_usd: float | None = None
     latency_s: float | None = None
+    ref: str = ""  # where the reply came from, when it has a name of its own (manual: the reply file)
 
 
 class PromptedProposer:
@@ -108,17 +140,23 @@ class PromptedProposer:
 
     def __init__(self, device: str, seed: int | None = None, knowledge_dirs: Sequence[str | Path] = (),
                  prompts_dir: str | None = None, budget_tokens: int = 12000, expand: ExpandConfig = ExpandConfig(),
-                 concurrency: int = 1):
+                 concurrency: int = 1, limits: SpendLimits = SpendLimits()):
         self.device = device
         self.rng = random.Random(seed)
         self.knowledge_dirs, self.prompts_dir, self.budget_tokens = tuple(knowledge_dirs), prompts_dir, budget_tokens
         self.expander = Expander(self.name, expand, self.rng)
-        self.concurrency = concurrency
+        self.concurrency = concurrency  # lines of work in flight: prompts answered and not yet judged
+        self.limits = limits
         self.failed_calls = 0
+        self.repeats = 0  # replies in a row that repeated a known candidate
+        self.notes: list[str] = []  # what the next prompt must say about the last replies (repeats)
+        self.stopped = ""  # why this proposer asks no more, once it does not
+        self._spent: dict[str, float] | None = None  # calls, tokens and cost so far (from the store on first use)
         self._inputs: tuple[str, PromptInputs] | None = None
         self.store: Any = None
         self.run_id: int | None = None
         self.families: list[str] = []
+        self.device_name: str | None = None  # the device's name where no profile gives it
 
     def bind(self, store: Any, run_id: int) -> None:
         """Called by the search loop: where this proposer records its calls."""
@@ -130,18 +168,53 @@ class PromptedProposer:
 
     def done(self) -> bool:
         """True once this proposer will answer no more prompts."""
-        return False
+        return bool(self.stopped)
+
+    def observe(self, node: Node) -> None:
+        """The screen's or the judge's verdict on one of this proposer's nodes has arrived (the loop calls this)."""
+
+    def on_call(self, reply: Reply, status: str, detail: str) -> None:
+        """A call is recorded: ``status`` is candidate, no_code, repeat or error."""
+
+    # --- spend ------------------------------------------------------------------------------------------------------
+    def spent(self) -> dict[str, float]:
+        """Calls, tokens and cost of this run's calls so far (a resumed run counts its earlier ones)."""
+        if self._spent is None:
+            usage = self.store.llm_usage(self.run_id) if self.store is not None and self.run_id is not None else None
+            self._spent = {"calls": usage["calls"] if usage else 0,
+                           "tokens": usage["input_tokens"] + usage["output_tokens"] if usage else 0,
+                           "cost_usd": (usage["cost_usd"] or 0.0) if usage else 0.0}
+        return self._spent
+
+    def _calls_allowed(self, wanted: int) -> int:
+        """How many of ``wanted`` calls the budget still allows; 0 (and the proposer stops) once it is spent."""
+        spent, lim = self.spent(), self.limits
+        if lim.tokens is not None and spent["tokens"] >= lim.tokens:
+            self.stopped = f"the model budget is spent: {spent['tokens']:.0f} tokens of {lim.tokens}"
+        elif lim.cost_usd is not None and spent["cost_usd"] >= lim.cost_usd:
+            self.stopped = f"the model budget is spent: ${spent['cost_usd']:.2f} of ${lim.cost_usd:g}"
+        elif lim.calls is not None and spent["calls"] >= lim.calls:
+            self.stopped = f"the model budget is spent: {spent['calls']:.0f} calls of {lim.calls}"
+        if self.stopped:
+            return 0
+        return wanted if lim.calls is None else min(wanted, lim.calls - int(spent["calls"]))
+
+    def _count(self, reply: Reply) -> None:
+        spent = self.spent()
+        spent["calls"] += 1
+        spent["tokens"] += reply.input_tokens + reply.output_tokens
+        spent["cost_usd"] += reply.cost_usd or 0.0
 
     # --- context ----------------------------------------------------------------------------------------------
     def prompt_inputs(self, ctx: ProposalContext) -> PromptInputs:
         if self._inputs is None or self._inputs[0] != ctx.problem.sha:
-            device_name = (ctx.profile.device_name if ctx.profile else "") or (
+            device_name = (ctx.profile.device_name if ctx.profile else "") or self.device_name or (
                 "a CUDA GPU" if self.device == "cuda" else "the CPU")
             self.families = _families(ctx)
             self._inputs = (ctx.problem.sha, PromptInputs(
                 ctx.problem, device_name, describe_inputs(ctx.problem), ctx.profile,
                 knowledge=self._knowledge(device_name, ctx), examples=self._examples(ctx),
-                templates_dir=self.prompts_dir))
+                templates_dir=self.prompts_dir, device=self.device))
         return self._inputs[1]
 
     def _examples(self, ctx: ProposalContext) -> tuple[dict[str, str], ...]:
@@ -163,19 +236,29 @@ class PromptedProposer:
         families = self.families
         bound = ctx.profile.bound if ctx.profile else None
         text = render(retrieve(device_name, families, bound, self.knowledge_dirs,
-                               max_chars=self.budget_tokens * 4 // 3))
+                               max_chars=self.budget_tokens * 4 // 3, cpu=self.device == "cpu",
+                               exclude=PROMPT_EXCLUDED_NOTES))
         return re.sub(r"^(#+) ", r"##\1 ", text, flags=re.M)  # the notes' headings sit below the prompt's own
 
     # --- a batch of steps ---------------------------------------------------------------------------------------
     def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
-        if self.failed_calls >= self.expander.cfg.max_failed_calls:
+        if self.done():
+            return []
+        waiting = sum(pending(node) for node in ctx.history if node.proposer == self.name)
+        lines = self.concurrency - waiting
+        if lines <= 0:  # every line of work waits for its verdict: the next step is built from it
             return []
         pin = self.prompt_inputs(ctx)
         best = fastest_verified(ctx.history)
+        known = {node.sha: node for node in ctx.history}
         out: list[Candidate] = []
-        while not out and self.failed_calls < self.expander.cfg.max_failed_calls and not self.done():
-            steps = self.expander.plan(ctx.history, n)
-            prompts = [build_prompt(strategy, pin, parent, kids, best, self.budget_tokens)
+        while not out and not self.done():
+            k = self._calls_allowed(min(n, lines))
+            if not k:
+                break
+            steps = self.expander.plan(ctx.history, k)
+            notes, self.notes = self.notes, []
+            prompts = [build_prompt(strategy, pin, parent, kids, best, self.budget_tokens, notes=notes)
                        for strategy, parent, kids in steps]
             calls: Callable[[int], Reply] = lambda i: self.answer(prompts[i], i)  # noqa: E731
             workers = max(1, min(self.concurrency, len(prompts)))
@@ -185,37 +268,81 @@ class PromptedProposer:
                 with ThreadPoolExecutor(max_workers=workers) as pool:
                     replies = list(pool.map(calls, range(len(prompts))))
             for (strategy, parent, _), prompt, reply in zip(steps, prompts, replies):
-                cand = self._candidate(strategy, parent, prompt, reply)
-                if cand is None:
-                    self.failed_calls += 1
-                else:
-                    self.failed_calls = 0
+                cand = self._candidate(strategy, parent, prompt, reply, known)
+                if cand is not None:
+                    known[cand.sha] = None  # a twin later in this batch is a repeat too
                     out.append(cand)
-        if not out and not self.done():
-            log.warning("%s: %d calls in a row gave no candidate; this proposer stops", self.name, self.failed_calls)
+        if self.stopped:
+            log.warning("%s stops: %s", self.name, self.stopped)
         return out
 
-    def _candidate(self, strategy: str, parent: Node | None, prompt: Prompt, reply: Reply) -> Candidate | None:
+    def _candidate(self, strategy: str, parent: Node | None, prompt: Prompt, reply: Reply,
+                   known: dict[str, Node | None] | None = None) -> Candidate | None:
+        """The reply as a new candidate, recorded as a call; None for a failed call, a reply without code, or one
+        that repeats a candidate in ``known`` (sha -> node; None for one proposed in the same batch)."""
         parent_id = parent.id if parent else None
+        cand, twin = None, None
         if reply.text is None:
-            status, detail, code = "error", reply.error, None
+            status, detail = "error", reply.error
             log.warning("%s (%s): the call failed: %s", self.name, reply.model, reply.error)
         else:
             parsed = extract_code(reply.text)
-            code, detail = parsed.code, parsed.why
-            status = "candidate" if code else "no_code"
-            if code is None:
+            status, detail = ("candidate" if parsed.code else "no_code"), parsed.why
+            if parsed.code is None:
                 log.info("%s (%s): no candidate in the reply: %s", self.name, reply.model, parsed.why)
+            else:
+                meta = Meta(label=f"{strategy} ({reply.model})", strategy=strategy, model=reply.model,
+                            families=self.families, prompt_tokens=prompt.tokens, dropped_sections=list(prompt.dropped))
+                if reply.ref:
+                    meta["reply"] = reply.ref
+                cand = Candidate(parsed.code, proposer=self.name, language=language_of(parsed.code), parent=parent_id,
+                                 meta=meta)
+                if known is not None and cand.sha in known:
+                    twin = known[cand.sha]
+                    status, detail, cand = "repeat", repeat_detail(twin), None
+        self._count(reply)
         call_id = None
         if self.store is not None and self.run_id is not None:
             call_id = self.store.add_llm_call(
                 self.run_id, self.name, reply.model, strategy, status, detail, parent_id, reply.input_tokens,
                 reply.output_tokens, reply.cost_usd, reply.latency_s, prompt.sha)
-        if code is None:
-            return None
-        meta = Meta(label=f"{strategy} ({reply.model})", strategy=strategy, model=reply.model, families=self.families,
-                    prompt_tokens=prompt.tokens, dropped_sections=list(prompt.dropped), llm_call=call_id)
-        return Candidate(code, proposer=self.name, language=language_of(code), parent=parent_id, meta=meta)
+        self._tally(status, detail, reply)
+        self.on_call(reply, status, detail)
+        if cand is not None:
+            cand.meta["llm_call"] = call_id
+        return cand
+
+    def _tally(self, status: str, detail: str, reply: Reply) -> None:
+        """Count the outcome of a call toward the proposer's stop rules, and note a repeat for the next prompt."""
+        cfg = self.expander.cfg
+        if status == "repeat":
+            self.repeats += 1
+            self.notes.append(f"Your last reply was {detail}: it is not judged again. Take a clearly different "
+                              "approach (another decomposition, fusion boundary, schedule or algorithm).")
+            if self.repeats >= cfg.max_repeats:
+                self.stopped = f"{self.repeats} replies in a row repeated candidates the run already holds"
+            return
+        self.repeats = 0
+        self.failed_calls = 0 if status == "candidate" else self.failed_calls + 1
+        if self.failed_calls >= cfg.max_failed_calls:
+            self.stopped = f"{self.failed_calls} calls in a row gave no candidate"
+
+
+def repeat_detail(twin: Node | None) -> str:
+    """What became of the candidate a reply repeats, in a few words."""
+    if twin is None:
+        return "identical to another reply of the same batch"
+    if twin.result is not None:
+        r = twin.result
+        verdict = (f"verified at {r.runtime_ms:.4g} ms" if r.ok and r.timed and r.runtime_ms is not None
+                   else "verified" if r.ok else f"judged {r.status.value}: {r.reason[:200]}")
+    elif twin.screen is not None and twin.screened_out:
+        sc = twin.screen
+        verdict = (f"screened at {sc.ms:.4g} ms and not fast enough to judge" if sc.ok and sc.ms is not None
+                   else f"stopped by the screen, {sc.status.value}: {sc.reason[:200]}")
+    else:
+        verdict = "still being judged"
+    return f"identical to node {twin.id} ({twin.proposer}: {twin.meta.get('label', twin.id)}), {verdict}"
 
 
 def _entry_families(entry: Experience) -> set[str]:
@@ -244,7 +371,7 @@ class LLMProposer(PromptedProposer):
     def __init__(self, device: str, settings: Any, client: Any = None, **kw: Any):
         from kernelevolve.evaluate.checks import register_secret
 
-        super().__init__(device, concurrency=settings.concurrency, **kw)
+        super().__init__(device, concurrency=kw.pop("concurrency", settings.concurrency), **kw)
         self.settings = settings
         if client is None:
             from kernelevolve.propose.providers import LLMClient
@@ -266,4 +393,5 @@ class LLMProposer(PromptedProposer):
         return Reply(c.text, c.model or spec.name, "", c.input_tokens, c.output_tokens, c.cost_usd, c.latency_s)
 
 
-__all__ = ["ExpandConfig", "Expander", "LLMProposer", "PromptedProposer", "Reply", "Step", "fastest_verified"]
+__all__ = ["ExpandConfig", "Expander", "LLMProposer", "PromptedProposer", "Reply", "SpendLimits", "Step", "failed",
+           "fastest_verified", "pending", "repeat_detail"]

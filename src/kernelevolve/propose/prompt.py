@@ -134,7 +134,8 @@ def describe_profile(profile: Profile | None) -> str:
         return "No profile is available."
     lines = [f"- device: {profile.device_name}; dominant dtype {profile.dtype}",
              f"- bound: {profile.bound}; {profile.flops / 1e9:.3g} GFLOP, {profile.bytes / 1e6:.4g} MB moved at least",
-             f"- roofline floor {profile.floor_ms:.4g} ms; eager reference {profile.eager_ms:.4g} ms"]
+             f"- eager reference {profile.eager_ms:.4g} ms"
+             + (f"; roofline floor {profile.floor_ms:.4g} ms" if _hard_floor(profile) else "")]
     ops = profile.top_ops
     if ops:
         lines.append("- dominant kernels of the reference: " + "; ".join(
@@ -142,13 +143,24 @@ def describe_profile(profile: Profile | None) -> str:
     return "\n".join(lines)
 
 
-def _ms(node: Node) -> str:
+def _hard_floor(profile: Profile | None) -> bool:
+    """Whether the profile's floor is one no kernel can beat: from datasheet ceilings, not measured ones (a CPU op
+    that fits in cache runs faster than a measured memory ceiling says)."""
+    return bool(profile is not None and profile.floor_ms and profile.ceilings_source == "table")
+
+
+def _ms(node: Node, profile: Profile | None = None) -> str:
+    """A node's time and how it stands: against eager and torch.compile, and against the roofline floor."""
     r = node.result
     if r is None:
         return "not evaluated"
-    if r.timed and r.runtime_ms is not None:
-        return f"{r.runtime_ms:.4g} ms"
-    return "verified, untimed" if r.ok else r.status.value
+    if not (r.timed and r.runtime_ms is not None):
+        return "verified, untimed" if r.ok else r.status.value
+    against = [f"{x:.2f}x {name}" for x, name in ((r.speedup_eager, "eager"), (r.speedup_compile, "torch.compile"))
+               if x is not None]
+    if _hard_floor(profile):
+        against.append(f"{100 * profile.floor_ms / r.runtime_ms:.0f}% of the roofline floor's speed")
+    return f"{r.runtime_ms:.4g} ms" + (f" ({', '.join(against)})" if against else "")
 
 
 def _label(node: Node) -> str:
@@ -156,16 +168,50 @@ def _label(node: Node) -> str:
 
 
 def failure_text(node: Node, max_chars: int = 3000) -> str:
-    """What the harness said about a failed node: status, reason and the tail of the error or log."""
-    r = node.result
-    if r is None:
+    """What the harness said about a failed node, as a kernel engineer would want it: for a wrong output the count,
+    size and place of the errors; for a compile or run-time error the message and the line of the candidate it points
+    at; for a rejection the rule and why. The judge's verdict where there is one, else the screen's."""
+    from kernelevolve.evaluate.feedback import describe_failure
+
+    if node.result is not None:
+        return describe_failure(node.result, node.source, max_chars)
+    sc = node.screen
+    if sc is None:
         raise PromptError(f"node {node.id} has no result to report")
-    parts = [f"status: {r.status.value}", f"reason: {r.reason}"]
-    if r.error:
-        parts.append("details:\n" + r.error[-max_chars:])
-    elif r.log:
-        parts.append("log tail:\n" + r.log[-max_chars:])
-    return "\n".join(parts)
+    text = f"status: {sc.status.value} (found by the screen's one check)\nreason: {sc.reason}"
+    mismatch = (getattr(sc, "details", None) or {}).get("mismatch")
+    if mismatch:
+        from kernelevolve.evaluate.feedback import mismatch_text
+
+        text += "\n" + mismatch_text(mismatch)
+    return text[:max_chars]
+
+
+def verdict_of(node: Node) -> tuple[dict[str, Any], str]:
+    """A node's verdict as data (for a verdict file) and as short markdown: the judge's, else the screen's."""
+    r, sc = node.result, node.screen
+    payload: dict[str, Any] = {"node": node.id, "run": node.run_id, "judged": r is not None}
+    if r is not None:
+        payload.update(status=r.status.value, reason=r.reason, runtime_ms=r.runtime_ms if r.timed else None,
+                       speedup_eager=r.speedup_eager, speedup_compile=r.speedup_compile,
+                       mismatch=r.details.get("mismatch"))
+    elif sc is not None:
+        payload.update(status=sc.status.value, reason=sc.reason, screen_ms=sc.ms)
+    if sc is not None:
+        payload["screen"] = {"status": sc.status.value, "reason": sc.reason, "ms": sc.ms,
+                             "sent_to_judge": node.finalist}
+    if node.ok:
+        text = f"**ok** (node {node.id}): verified, {_ms(node)}"
+    elif r is not None or (sc is not None and not sc.ok):
+        text = f"**{payload['status']}** (node {node.id})\n\n{failure_text(node)}"
+    else:
+        text = (f"**screened** (node {node.id}): checked once and timed at {_fmt(sc.ms if sc else None)} ms; not "
+                "fast enough against the run's best to be judged")
+    return payload, text
+
+
+def _fmt(ms: float | None) -> str:
+    return "?" if ms is None else f"{ms:.4g}"
 
 
 def fenced(source: str) -> str:
@@ -183,18 +229,57 @@ class PromptInputs:
     knowledge: str = ""
     examples: tuple[dict[str, Any], ...] = ()  # {"label", "result", "source"}: earlier winners on this device
     templates_dir: str | None = None
+    device: str = "cuda"  # where the run's candidates run: "cuda" or "cpu"
 
 
-def _tolerance(problem: Problem) -> str:
-    if problem.atol is not None or problem.rtol is not None:
-        return f"atol {problem.atol}, rtol {problem.rtol} (set by the problem)"
-    return "per dtype: about 1e-4 for fp32 (TF32 math fails it unless the problem allows TF32), 1e-2 for bf16/fp16"
+def tolerance_text(problem: Problem) -> str:
+    """The judge's correctness rule for this problem, from the judge's own function and constants."""
+    from kernelevolve.evaluate.checks import REF_ERROR_FACTOR, tolerance
+
+    per = []
+    for name in dict.fromkeys(problem.output_dtypes):
+        dtype = getattr(torch, name, None)
+        if isinstance(dtype, torch.dtype):
+            atol, rtol = tolerance(dtype, problem.allow_tf32, problem.atol, problem.rtol)
+            per.append(f"atol {atol:g}, rtol {rtol:g} for {name} outputs" if dtype.is_floating_point
+                       else f"an exact match for {name} outputs")
+    source = " (set by the problem)" if problem.atol is not None or problem.rtol is not None else ""
+    text = f"every element must satisfy |out - ref| <= atol + rtol * |ref|, with {'; '.join(per)}{source}"
+    if "float32" in problem.output_dtypes and problem.atol is None and problem.rtol is None:
+        text += ("; this problem allows TF32" if problem.allow_tf32
+                 else "; TF32 matmuls miss it (this problem does not allow TF32)")
+    return (text + ". NaN and Inf must sit where the reference has them. On long reductions an element also passes "
+            f"within {REF_ERROR_FACTOR:g}x the reference's own error from a float64 result")
+
+
+# What the prompt says of the device: where the candidates run and how they are timed.
+DEVICE_TEXT = {
+    "cuda": {
+        "advice": "Prefer Triton kernels that fuse the whole computation or its memory-bound parts; keep "
+                  "cuBLAS/cuDNN-backed torch ops (matmul, conv, SDPA) where they are hard to beat.",
+        "ways": "better tiling or block sizes, more fusion, fewer passes over memory, fewer launches",
+        "own_work": "Do the work in your own kernels on the current stream. No extra threads, processes or CUDA "
+                    "streams",
+        "timing": "Speed is the median time over many repetitions, timed with CUDA events, the L2 cache flushed "
+                  "before each.",
+    },
+    "cpu": {
+        "advice": "The run is on the CPU: the inputs are CPU tensors and the candidate runs there. A torch "
+                  "implementation is timed; a Triton kernel runs under Triton's interpreter on the CPU, where it is "
+                  "verified but not timed, so it cannot show a speedup in this run.",
+        "ways": "fewer passes over memory, fused torch ops, fewer temporaries and less Python per call",
+        "own_work": "Do the work in the call itself. No extra threads or processes",
+        "timing": "Speed is the median wall time (time.perf_counter) over many repetitions, the cache flushed "
+                  "before each; Triton kernels run interpreted on the CPU and are not timed.",
+    },
+}
 
 
 def build_prompt(strategy: str, pin: PromptInputs, parent: Node | None = None,
                  siblings: Sequence[Node] = (), best: Sequence[Node] = (),
-                 budget_tokens: int = 12000, hint: str = "") -> Prompt:
-    """The system text and the user message for one expansion step."""
+                 budget_tokens: int = 12000, hint: str = "", notes: Sequence[str] = ()) -> Prompt:
+    """The system text and the user message for one expansion step. ``notes``: what the prompt must say about the
+    last replies (a repeat of a known candidate, say)."""
     if strategy not in STRATEGIES:
         raise PromptError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     if strategy != "scratch" and parent is None:
@@ -202,31 +287,36 @@ def build_prompt(strategy: str, pin: PromptInputs, parent: Node | None = None,
     t = lambda name: load_template(name, pin.templates_dir)  # noqa: E731
     problem = pin.problem
     mutates = " (the reference mutates some inputs: do exactly what it does)" if problem.mutates_inputs else ""
-    fields = {"device": pin.device_name, "strategy": hint, "tolerance": _tolerance(problem), "mutates": mutates}
+    fields = {"device": pin.device_name, "strategy": hint, "tolerance": tolerance_text(problem), "mutates": mutates,
+              **DEVICE_TEXT["cpu" if pin.device == "cpu" else "cuda"]}
     if parent is not None:
-        fields.update(parent_label=_label(parent), parent_ms=_ms(parent))
-        if parent.result is not None:
-            fields.update(status=parent.result.status.value, reason=parent.result.reason)
+        fields.update(parent_label=_label(parent), parent_ms=_ms(parent, pin.profile))
+        status = parent.result or parent.screen
+        if status is not None:
+            fields.update(status=status.status.value, reason=status.reason)
     sections = [
         Section("Task", t(strategy).format(**fields), 0),
         Section("Rules", t("rules").format(**fields), 0),
         Section("Reference (the problem file)", fenced(problem.source), 0),
         Section("Inputs", pin.inputs, 0),
     ]
+    if notes:
+        sections.append(Section("About your last reply", "\n".join(notes), 0))
     if parent is not None:
         sections.append(Section(f"Candidate to {'fix' if strategy == 'repair' else 'start from'} ({_label(parent)})",
                                 fenced(parent.source), 1))
     if strategy == "repair":
         sections.append(Section("What the harness reported", failure_text(parent), 0))
     if siblings:
-        tried = [f"- {_label(s)}: {_ms(s)}" + (f" ({s.result.reason[:160]})" if s.result and s.failed else "")
+        tried = [f"- {_label(s)}: {_ms(s)}" + (f" ({(s.result or s.screen).reason[:160]})"
+                                              if (s.result or s.screen) is not None and not s.ok else "")
                  for s in siblings]
         sections.append(Section("Attempts already made from this candidate", "\n".join(tried), 1))
     sections.append(Section("Profile of the reference", describe_profile(pin.profile), 2))
     others = [b for b in best if parent is None or b.id != parent.id]
     if others:
         sections.append(Section("Fastest verified candidates so far", "\n".join(
-            f"- {_label(b)}: {_ms(b)}" for b in others[:5]), 2))
+            f"- {_label(b)}: {_ms(b, pin.profile)}" for b in others[:5]), 2))
         if strategy in ("scratch", "contrast"):
             sections.append(Section(f"The fastest so far ({_label(others[0])})", fenced(others[0].source), 4))
     if pin.knowledge:
@@ -295,6 +385,6 @@ def language_of(code: str) -> str:
     return "triton" if "triton" in code and "@triton.jit" in code else "torch"
 
 
-__all__ = ["PROMPTS_DIR", "STRATEGIES", "ParsedReply", "Prompt", "PromptError", "PromptInputs", "Section", "assemble",
+__all__ = ["DEVICE_TEXT", "PROMPTS_DIR", "STRATEGIES", "ParsedReply", "Prompt", "PromptError", "PromptInputs", "Section", "assemble",
            "build_prompt", "cut_middle", "describe_inputs", "describe_profile", "estimate_tokens", "extract_code",
-           "failure_text", "language_of", "load_template"]
+           "failure_text", "language_of", "load_template", "tolerance_text", "verdict_of"]

@@ -178,8 +178,23 @@ class _Loop:
         if cfg.stall is not None and self.since_best >= cfg.stall:
             return f"no improvement in {cfg.stall} evaluations"
         if self.exhausted and not self.queue and not self.finalists and not self.screening:
-            return "the proposers have nothing left to try"
+            return self.nothing_left()
         return None
+
+    def nothing_left(self) -> str:
+        """The stop reason once no proposer has anything more, with what the proposers that stopped said."""
+        why = [f"{p.name}: {p.stopped}" for p in self.proposers if getattr(p, "stopped", "")]
+        return "the proposers have nothing left to try" + (f" ({'; '.join(why)})" if why else "")
+
+    def observe(self, node: Node) -> None:
+        """Tell the proposer of ``node`` that its verdict (the judge's, or the screen's last word) is in."""
+        for p in self.proposers:
+            if p.name == node.proposer and hasattr(p, "observe"):
+                try:
+                    p.observe(node)
+                except Exception as e:  # a proposer's note-taking must not end the search
+                    log.warning("%s could not take the verdict of node %d: %s: %s", p.name, node.id,
+                                type(e).__name__, e)
 
     def best_speedup(self) -> float:
         if self.baseline is None or self.baseline.eager is None or not math.isfinite(self.best_ms):
@@ -394,6 +409,8 @@ class _Loop:
             self.history[self.position[node.id]] = node
             if finalist:
                 sent[node.id] = node
+            else:
+                self.observe(node)  # the screen's word is its last
         self.finalists.extend(sent[i] for i in chosen)  # the fastest first
         self.finalists.extend(unscreened)
         if pairs and not chosen:
@@ -445,6 +462,7 @@ class _Loop:
             self.store.save_result(node.id, result)
             self.evaluated += 1
             self.history[self.position[node.id]] = replace(node, result=result)  # as the store now holds it
+        self.observe(self.history[self.position[node.id]] if node.id in self.position else node)
         if result.ok and result.timed and result.runtime_ms is not None and result.runtime_ms < self.best_ms:
             self.best_ms, self.since_best = result.runtime_ms, 0
         elif save:
@@ -518,7 +536,7 @@ class _Loop:
                         waiting = True
                         break
                     if not submitted:
-                        reason = self.stop_reason() or "the proposers have nothing left to try"
+                        reason = self.stop_reason() or self.nothing_left()
             if reason is None and not waiting and self.harvest():
                 continue  # results already in: take them before proposing from the tree
             if reason is None and self.cfg.pipeline and not self.queue and self.busy() \
