@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from kernelevolve.templates.attention import AttentionTemplate
 from kernelevolve.templates.base import Template
 from kernelevolve.templates.interaction import InteractionTemplate
-from kernelevolve.templates.matmul import BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, MatmulTemplate
+from kernelevolve.templates.matmul import (BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, GemmReduceTemplate,
+                                           MatmulTemplate)
 from kernelevolve.templates.pointwise import PointwiseTemplate
 from kernelevolve.templates.rowreduce import RowReduceTemplate
 from kernelevolve.templates.segment import SegmentTemplate
@@ -35,6 +36,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("segment", SegmentTemplate),
     Family("dual_gemm", DualGemmTemplate, optional=True),
     Family("cross", CrossTemplate, optional=True),
+    Family("matmul_reduction", GemmReduceTemplate, optional=True),  # a GEMM and a reduction of its rows, before both
     Family("matmul", MatmulTemplate, optional=True),
     Family("row_reduction", RowReduceTemplate),
     Family("pointwise", PointwiseTemplate),

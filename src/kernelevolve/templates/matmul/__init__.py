@@ -7,10 +7,12 @@ operands are broadcast to the output in the launcher and read through their stri
 bias up-cast to fp32, is done on the loaded values); a stride that is zero for every shape (a bias along M) is left out
 of the address. Half operands up-cast for an fp32 GEMM (how half ``baddbmm`` traces) are multiplied as half tiles.
 Families tried first claim bigger regions: two GEMMs that share their A and meet in one pointwise result (SwiGLU), two
-chained batched layers (multi-task towers) and DCN cross layers.
+chained batched layers (multi-task towers), DCN cross layers, and a GEMM whose rows are reduced in the same kernel
+(softmax, logsumexp over a narrow product).
 """
 from kernelevolve.templates.matmul.families import BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, MatmulTemplate
 from kernelevolve.templates.matmul.launch import KNOBS, fit, gemm_space, has_tma
+from kernelevolve.templates.matmul.reduce import GemmReduceTemplate
 
-__all__ = ["KNOBS", "BatchedSmallTemplate", "CrossTemplate", "DualGemmTemplate", "MatmulTemplate", "fit", "gemm_space",
-           "has_tma"]
+__all__ = ["KNOBS", "BatchedSmallTemplate", "CrossTemplate", "DualGemmTemplate", "GemmReduceTemplate",
+           "MatmulTemplate", "fit", "gemm_space", "has_tma"]

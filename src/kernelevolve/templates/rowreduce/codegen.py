@@ -31,8 +31,12 @@ class _Operand:
 
 
 class _Gen:
-    def __init__(self, match: Any, frame: Frame):
+    """``bound``: outside inputs whose values the kernel already holds (a GEMM's product tile, full-frame), by the
+    variable holding them: they are read from there, not loaded."""
+
+    def __init__(self, match: Any, frame: Frame, bound: dict[fx.Node, str] | None = None):
         self.m, self.f = match, frame
+        self.bound = dict(bound or {})
         self.region = list(match.nodes)
         self.inside = set(self.region)
         self.sq = {n for n in self.region if n.name in set(match.spec["squeezed"])}
@@ -63,6 +67,8 @@ class _Gen:
             for a in args:
                 if a in self.inside:
                     flags.append(self.vec[a])
+                elif a in self.bound:
+                    flags.append(True)
                 else:
                     op = self._operand(a, self.reads_squeezed(n))
                     flags.append(op.col_stride != 0)
@@ -154,6 +160,8 @@ class _Gen:
         for t in targets:
             if t in self.inside:
                 visit(t)
+            elif t in self.bound:
+                env[t] = self.bound[t]
             elif t not in env:
                 key = (t, False)
                 if key not in loaded:
@@ -162,7 +170,9 @@ class _Gen:
                 env[t] = self.loads[key].var
         for n in need:
             for a in self.inputs_of(n):
-                if a not in self.inside:
+                if a in self.bound:
+                    env[a] = self.bound[a]
+                elif a not in self.inside:
                     key = (a, self.reads_squeezed(n))
                     if key not in loaded:
                         lines.append(self.load(a, key[1], ind))
