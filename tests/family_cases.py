@@ -68,6 +68,16 @@ CASES: dict[str, tuple[str, str]] = {
         def get_inputs(): return [torch.randn(3, 11, 40)]
         def get_init_inputs(): return []
     """),
+    "linear_softmax": ("matmul_reduction", """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate = nn.Linear(40, 33)
+            def forward(self, x):
+                return torch.softmax(self.gate(x), dim=-1)
+        def get_inputs(): return [torch.randn(1030, 40)]
+        def get_init_inputs(): return []
+    """),
     "linear_written_out": ("matmul", """
         class Model(nn.Module):
             def __init__(self):
