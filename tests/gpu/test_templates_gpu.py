@@ -84,3 +84,20 @@ def test_persistent_tma_schedule_matches_the_reference_on_cuda(path: Path, tmp_p
     for g, w in zip(got, want):
         low = w.dtype in (torch.float16, torch.bfloat16)
         torch.testing.assert_close(g, w, atol=max(atol, 2e-2) if low else atol, rtol=max(rtol, 2e-2) if low else rtol)
+
+
+REDUCED = [p for p in suite.gemm_paths() if p.stem in ("linear_softmax_bf16", "linear_logsumexp_fp32")]
+
+
+@pytest.mark.parametrize("path", REDUCED, ids=[p.stem for p in REDUCED])
+def test_a_gemm_and_its_row_reduction_in_one_kernel_pass_the_judge_on_cuda(path: Path, tmp_path: Path) -> None:
+    """The matmul_reduction family at the problems' full sizes, its first candidates judged on the device."""
+    from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig
+
+    problem = load_problem(path, "cuda")
+    proposer = TemplateProposer("cuda", seed=0)
+    assert "matmul_reduction" in [r.match.family for r in proposer.plan(problem).regions]
+    evaluator = Evaluator(problem, EvalConfig(device="cuda", timing=TimingConfig(budget_ms=50)), tmp_path / "w")
+    for cand in proposer.propose(ProposalContext(problem, "cuda", None, []), 3):
+        r = evaluator.evaluate(cand)
+        assert r.ok, f"{cand.meta['label']}: {r.status.value}: {r.reason}\n{r.error[-1500:]}"
