@@ -124,6 +124,6 @@ def test_a_model_that_repeats_itself_costs_a_handful_of_calls_and_says_why_the_r
     calls = store.llm_calls(run_id)
     assert outcome.evaluations == 1
     assert len(calls) <= 5, [c["status"] for c in calls]  # one judged candidate, then a few repeats
-    assert [c["status"] for c in calls].count("repeat") == 3
+    assert [c["status"] for c in calls].count("repeat") == 4
     assert "repeated candidates the run already holds" in outcome.stop_reason
     assert "identical to node" in client.prompts[-1]

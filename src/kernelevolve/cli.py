@@ -66,7 +66,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         def status() -> str:
             line = " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
             usage = store.llm_usage(run["id"]) if "id" in run else None
-            return line + (f"  model {spend_line(usage, cfg.proposer_options)}" if usage else "")
+            if not usage:
+                return line
+            options = store.run(run["id"]).config.get("proposer_options") or {}  # a resumed run's own budget
+            return f"{line}  model {spend_line(usage, options)}"
 
         def on_result(node: Node, result: Any) -> None:
             counts[result.status.value] = counts.get(result.status.value, 0) + 1
@@ -84,7 +87,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             progress.update(task, status=status())
 
         outcome = optimize(args.problem, cfg, store, Path(args.out), resume=args.resume, on_result=on_result,
-                           on_stage=on_stage, on_screen=on_screen, on_run=lambda rid: run.update(id=rid))
+                           on_stage=on_stage, on_screen=on_screen, on_run=lambda rid: run.update(id=rid),
+                           new_options=budget_options(args) if args.resume else None)
     _print_usage(console, store, outcome.run_id)
     _print_outcome(console, outcome, args.db)
     return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
@@ -117,12 +121,9 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
 def _proposer_options(args: argparse.Namespace) -> dict[str, Any]:
     """The prompted proposers' settings from the flags: JSON-safe, stored with the run, and never holding a key (only
     the name of the variable that holds it)."""
-    if min(args.llm_calls, args.llm_tokens, args.llm_cost) < 0:
-        raise UsageError("--llm-calls, --llm-tokens and --llm-cost take 0 (no limit) or more")
     opts: dict[str, Any] = {"knowledge_dirs": list(args.knowledge or []), "prompts_dir": args.prompts,
                             "prompt_tokens": args.prompt_tokens, "manual_dir": args.manual_dir,
-                            "manual_timeout_s": args.manual_timeout, "max_calls": args.llm_calls,
-                            "max_tokens": args.llm_tokens, "max_cost_usd": args.llm_cost}
+                            "manual_timeout_s": args.manual_timeout, **budget_options(args)}
     if args.llm_model or args.llm_config:
         from dataclasses import replace
 
@@ -149,9 +150,8 @@ def spend_line(usage: dict[str, Any], options: dict[str, Any]) -> str:
     """Calls, tokens and cost so far against the run's budget, in a few characters."""
     from kernelevolve.propose.llm import SpendLimits
 
-    d = SpendLimits()
-    lim = lambda key, default: options.get(key, default) or None  # noqa: E731
-    calls, tokens, cost = lim("max_calls", d.calls), lim("max_tokens", d.tokens), lim("max_cost_usd", d.cost_usd)
+    lim = SpendLimits.from_options(options)
+    calls, tokens, cost = lim.calls, lim.tokens, lim.cost_usd
     used = usage["input_tokens"] + usage["output_tokens"]
     line = f"calls {usage['calls']}/{calls or '∞'} tokens {_kilo(used)}/{_kilo(tokens) if tokens else '∞'}"
     if usage["cost_usd"] is not None:
@@ -160,7 +160,15 @@ def spend_line(usage: dict[str, Any], options: dict[str, Any]) -> str:
 
 
 def _kilo(n: float) -> str:
-    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k" if n >= 1e3 else f"{n:.0f}"
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.0f}k" if n >= 1e3 else f"{n:.0f}"
+
+
+def budget_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The model-budget flags given on the command line, as proposer options (absent: not given)."""
+    given = {"max_calls": args.llm_calls, "max_tokens": args.llm_tokens, "max_cost_usd": args.llm_cost}
+    if any(v is not None and v < 0 for v in given.values()):
+        raise UsageError("--llm-calls, --llm-tokens and --llm-cost take 0 (no limit) or more")
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _print_usage(console: Any, store: Any, run_id: int) -> None:
@@ -256,20 +264,24 @@ def cmd_prompt(args: argparse.Namespace) -> int:
 
     import torch
 
+    run = None
+    if args.run:
+        from kernelevolve.store import Store
+
+        store = Store(args.db)
+        run = store.run(args.run)
     # A prompt needs no GPU: a CUDA run's prompt is written here from the problem read on the CPU, without a profile
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    # (a stored run's own profile, device and device name where --run names one)
+    device = run.device if run is not None else args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     here = device == "cpu" or torch.cuda.is_available()
     if not here and not (args.no_profile or args.run):
         raise UsageError("--device cuda: no CUDA device here to profile the reference on; add --no-profile (and "
                          "--device-name NAME for the device's facts) to write the prompt without a profile")
     problem = load_problem(args.problem, device if here else "cpu")
     history, profile, experience = [], None, []
-    if args.run:
+    if run is not None:
         from kernelevolve.search.loop import rank_experience
-        from kernelevolve.store import Store
 
-        store = Store(args.db)
-        run = store.run(args.run)
         if run.problem_sha != problem.sha:
             raise UsageError(f"run {run.id} is of another problem (or of an older version of {args.problem})")
         history, profile = store.nodes(run.id), run.profile
@@ -574,11 +586,12 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     g.add_argument("--llm-concurrency", type=int, default=4, help="calls in flight at once")
     g.add_argument("--llm-max-tokens", type=int, default=8192, help="reply budget per call")
     g.add_argument("--llm-price", metavar="IN,OUT", help="USD per million input and output tokens, for the cost")
-    g.add_argument("--llm-calls", type=int, default=60, metavar="N",
-                   help="the run's budget of model calls (llm and manual); 0: no limit (default 60)")
-    g.add_argument("--llm-tokens", type=int, default=1_000_000, metavar="N",
+    g.add_argument("--llm-calls", type=int, metavar="N",
+                   help="the run's budget of model calls (llm and manual); 0: no limit (default 60; with --resume, "
+                        "the run's own unless given)")
+    g.add_argument("--llm-tokens", type=int, metavar="N",
                    help="the run's budget of input plus output tokens; 0: no limit (default 1000000)")
-    g.add_argument("--llm-cost", type=float, default=10.0, metavar="USD",
+    g.add_argument("--llm-cost", type=float, metavar="USD",
                    help="the run's budget in USD, counted where --llm-price or the config gives prices; 0: no limit "
                         "(default 10)")
     g.add_argument("--knowledge", action="append", metavar="DIR", help="a folder of your own notes (*.md); repeatable")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -91,12 +91,19 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
              on_result: Callable[[Node, Result], None] | None = None,
              on_stage: Callable[[str], None] = lambda s: None,
              on_run: Callable[[int], None] = lambda run_id: None,
-             on_screen: Callable[[int, int], None] | None = None) -> RunOutcome:
+             on_screen: Callable[[int, int], None] | None = None,
+             new_options: dict[str, Any] | None = None) -> RunOutcome:
     """Run (or resume) an optimization. Raises ProblemError for a bad problem file, StoreError for a bad run id.
-    ``on_run`` gets the run's id as soon as the run exists in the store (created, or taken up again)."""
+    ``on_run`` gets the run's id as soon as the run exists in the store (created, or taken up again). A resumed run
+    keeps its stored configuration, but for ``new_options``: proposer options given anew (a larger model budget),
+    which are stored with it."""
     if resume is not None:
         run = store.run(resume)
         cfg = OptimizeConfig.from_dict(run.config)
+        if new_options:
+            cfg = replace(cfg, proposer_options={**cfg.proposer_options, **new_options})
+            store.update_run(run.id, config=cfg.to_dict())
+            run = store.run(run.id)
         problem = load_problem(problem_path, here(cfg.device, cfg.executor))
         if problem.sha != run.problem_sha:
             raise ProblemError(problem_path, f"changed since run {run.id} (hash {problem.short_sha} "

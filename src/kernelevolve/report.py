@@ -169,12 +169,9 @@ def _llm(usage: dict | None, config: dict | None = None, stop_reason: str | None
             for name, u in [*usage["by_model"].items(), ("all", usage)]]
     from kernelevolve.propose.llm import SpendLimits
 
-    opts, d = (config or {}).get("proposer_options") or {}, SpendLimits()
-    lim = lambda key, default: opts.get(key, default) or None  # noqa: E731
-    budget = [("budget: calls", str(lim("max_calls", d.calls) or "no limit")),
-              ("budget: tokens", str(lim("max_tokens", d.tokens) or "no limit")),
-              ("budget: cost", _num(lim("max_cost_usd", d.cost_usd), "g", " USD") if lim("max_cost_usd", d.cost_usd)
-               else "no limit")]
+    lim = SpendLimits.from_options((config or {}).get("proposer_options") or {})
+    budget = [("budget: calls", str(lim.calls or "no limit")), ("budget: tokens", str(lim.tokens or "no limit")),
+              ("budget: cost", _num(lim.cost_usd, "g", " USD") if lim.cost_usd else "no limit")]
     if stop_reason and "budget" in stop_reason:
         budget.append(("stopped", _e(stop_reason)))
     return f"<h2>Model calls</h2>{_table(headers, rows, frozenset(range(1, 9)))}{_kv(budget)}"

@@ -81,7 +81,7 @@ def now() -> str:
 # _run into the same types).
 RUN_TEXT = frozenset({"status", "finished", "stop_reason"})
 RUN_JSON: dict[str, Callable[[Any], str]] = {"profile": lambda p: json.dumps(p.to_dict()), "baseline": Baseline.to_json,
-                                             "phases": json.dumps}
+                                             "phases": json.dumps, "config": json.dumps}
 
 
 def _run(row: sqlite3.Row) -> Run:
@@ -137,7 +137,8 @@ class Store:
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         """Set fields of a run: ``status``, ``finished`` and ``stop_reason`` (text), ``profile`` (a Profile),
-        ``baseline`` (a Baseline) or ``phases`` (seconds by phase); the store writes them as JSON."""
+        ``baseline`` (a Baseline), ``phases`` (seconds by phase) or ``config`` (a resumed run's new limits); the store
+        writes them as JSON."""
         unknown = set(fields) - RUN_TEXT - set(RUN_JSON)
         if not fields or unknown:
             raise StoreError(f"cannot update run fields {sorted(unknown)}")

@@ -243,19 +243,40 @@ def test_a_screen_failure_is_repaired_like_a_judged_one(monkeypatch, problem, st
     assert cands[0].meta["strategy"] == "repair" and "7 of 64 elements outside atol" in p.client.prompts[0]
 
 
-def test_replies_that_repeat_a_known_candidate_are_fed_back_then_stop_the_proposer(monkeypatch, problem, store):
+def test_replies_that_repeat_a_known_candidate_are_fed_back_then_stop_their_line_then_the_proposer(
+        monkeypatch, problem, store):
     same = f"```python\n{GOOD.format(tag=1)}```"  # node 1's source, already judged
-    p = make_llm(monkeypatch, [same] * 10, store, max_repeats=3)
+    p = make_llm(monkeypatch, [same] * 10, store, max_repeats=3, max_repeats_total=4)
     judged = node(1, Status.INCORRECT, None)
     assert p.propose(ctx(problem, [judged]), 1) == []
     calls = store.llm_calls(store.run_id)
-    assert [c["status"] for c in calls] == ["repeat"] * 3 and "identical to node 1" in calls[0]["detail"]
-    assert "judged incorrect" in calls[0]["detail"]
+    # three repairs of node 1 repeat it: that line stops; the scratch line's first repeat is the fourth in a row
+    assert [(c["status"], c["strategy"]) for c in calls] == [("repeat", "repair")] * 3 + [("repeat", "scratch")]
+    assert "identical to node 1" in calls[0]["detail"] and "judged incorrect" in calls[0]["detail"]
     assert "Your last reply was identical to node 1" in p.client.prompts[1]  # fed back in the next prompt
     assert "Your last reply" not in p.client.prompts[0]
-    assert p.done() and "3 replies in a row repeated" in p.stopped
-    assert p.propose(ctx(problem, [judged]), 1) == [] and len(p.client.prompts) == 3
-    assert store.llm_usage(store.run_id)["repeats"] == 3
+    assert p.done() and "4 replies in a row repeated" in p.stopped and p.expander.stale == {1}
+    assert p.propose(ctx(problem, [judged]), 1) == [] and len(p.client.prompts) == 4
+    assert store.llm_usage(store.run_id)["repeats"] == 4
+
+
+def test_a_line_of_work_that_only_repeats_stops_and_the_others_go_on(monkeypatch, problem, store):
+    same = f"```python\n{GOOD.format(tag=1)}```"
+    p = make_llm(monkeypatch, [same] * 3 + [f"```python\n{GOOD.format(tag='new')}```"], store, max_repeats=3,
+                 max_repeats_total=10)
+    cands = p.propose(ctx(problem, [node(1, Status.INCORRECT, None)]), 1)
+    assert len(cands) == 1 and cands[0].meta["strategy"] == "scratch" and not p.done()
+    assert p.expander.stale == {1} and p.repeats[None] == 0
+
+
+def test_identical_replies_within_one_batch_count_against_nothing(monkeypatch, problem, store):
+    """Identical prompts sent at once (several scratch steps) may come back identical: one is a candidate, the
+    others are recorded as repeats, and no line of work is stopped for it."""
+    same = f"```python\n{GOOD.format(tag='x')}```"
+    p = make_llm(monkeypatch, [same] * 4, store, max_repeats=1, max_repeats_total=1)
+    p.concurrency = 4
+    assert len(p.propose(ctx(problem), 4)) == 1
+    assert not p.done() and p.expander.stale == set() and p.notes == []
 
 
 def test_a_repeat_within_one_batch_is_caught(monkeypatch, problem, store):
@@ -263,7 +284,9 @@ def test_a_repeat_within_one_batch_is_caught(monkeypatch, problem, store):
     p = make_llm(monkeypatch, [same, same], store)
     cands = p.propose(ctx(problem), 2)
     assert len(cands) == 1
-    assert sorted(c["status"] for c in store.llm_calls(store.run_id)) == ["candidate", "repeat"]
+    calls = store.llm_calls(store.run_id)
+    assert sorted(c["status"] for c in calls) == ["candidate", "repeat"]
+    assert "another reply of the same batch" in [c["detail"] for c in calls if c["status"] == "repeat"][0]
 
 
 @pytest.mark.parametrize("limits, fragment", [
@@ -314,3 +337,41 @@ def test_manual_replies_get_their_verdicts_beside_them(problem, store, tmp_path)
     verdict = json.loads((folder / f"run{store.run_id}-002.verdict.json").read_text())
     assert verdict["status"] == "incorrect" and verdict["node"] == 7 and verdict["judged"]
     assert "3 of 10 elements outside atol" in (folder / f"run{store.run_id}-002.verdict.md").read_text()
+
+
+def test_the_budget_is_the_runs_whatever_proposer_spends_it(monkeypatch, problem, store, tmp_path):
+    from kernelevolve.propose.llm import SpendLimits
+
+    a = make_llm(monkeypatch, ["no code"] * 5, store)
+    b = make_llm(monkeypatch, ["no code"] * 5, store)
+    for p in (a, b):
+        p.limits = SpendLimits(calls=3, tokens=None, cost_usd=None)
+    a.propose(ctx(problem), 2)  # two calls: the limit leaves one
+    b.propose(ctx(problem), 2)
+    assert len(store.llm_calls(store.run_id)) == 3 and b.done() and "3 calls of 3" in b.stopped
+
+
+def test_a_manual_verdict_goes_only_beside_a_reply_of_its_own_run(problem, store, tmp_path):
+    from kernelevolve.evaluate.result import Result
+
+    p = ManualProposer("cpu", tmp_path, timeout_s=1, seed=0)
+    p.bind(store, store.run_id)
+    other = make_node(3, Result(Status.OK, "verified"), None, "manual", meta={"reply": "run99-001.reply.md"})
+    p.observe(other)  # a kernel an earlier run verified, reused here: its verdict file is that run's
+    assert not list(tmp_path.glob("*.verdict.*"))
+
+
+def test_the_screens_compile_error_is_fed_back_with_the_candidates_line(monkeypatch, problem, store):
+    from dataclasses import replace
+
+    from kernelevolve.evaluate.result import ScreenResult
+
+    source = GOOD.format(tag=1).replace("return x", "return x.no_such_method()")
+    error = ('Traceback (most recent call last):\n  File "/w/screen_abc_1.py", line 5, in forward\n'
+             '    return x.no_such_method()  # 1\nAttributeError: no_such_method\n')
+    sc = ScreenResult(Status.RUNTIME_ERROR, "AttributeError: no_such_method", error=error)
+    screened = replace(make_node(1, None, None, "llm", meta={"label": "n1"}, source=source), screen=sc)
+    p = make_llm(monkeypatch, [f"```python\n{GOOD.format(tag='fixed')}```"], store)
+    p.propose(ctx(problem, [screened]), 1)
+    assert "line 5" in p.client.prompts[0] and "x.no_such_method()" in p.client.prompts[0]
+    assert "found by the screen's one check" in p.client.prompts[0]

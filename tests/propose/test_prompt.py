@@ -133,12 +133,14 @@ def test_language():
 
 
 # --- a prompt that is true for the run ------------------------------------------------------------------------------
-GPU_WORDS = ("CUDA", "GPU", "cuBLAS", "L2", "SM", "HBM", "warp", "Hopper", "H200", "tensor core")
+GPU_WORDS = ("CUDA", "GPU", "cuBLAS", "L2", "SM", "HBM", "warp", "Hopper", "H200", "tensor core", "TF32")
 CPU_WORDS = ("interpreter", "perf_counter", "CPU tensors")
+BF16 = "torch.randn(32, 64).to(torch.bfloat16)"
+F32 = "torch.randn(32, 64)"
 
 
-def _prompt(tmp_path, device: str, text: str = "", device_name: str | None = None) -> str:
-    """The CLI's prompt for a small problem written to ``tmp_path`` (module text ``text`` after the Model)."""
+def _prompt(tmp_path, device: str, text: str = "", device_name: str | None = None, inputs: str = BF16) -> str:
+    """The CLI's prompt for a small softmax problem written to ``tmp_path`` (module text ``text`` after the Model)."""
     import contextlib
     import io
 
@@ -147,8 +149,7 @@ def _prompt(tmp_path, device: str, text: str = "", device_name: str | None = Non
     path = tmp_path / f"p_{device}.py"
     path.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
                     "        return torch.softmax(x.float(), dim=-1).to(x.dtype)\n\n\ndef get_inputs():\n"
-                    "    return [torch.randn(32, 64).to(torch.bfloat16)]\n\n\ndef get_init_inputs():\n"
-                    f"    return []\n{text}")
+                    f"    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n{text}")
     argv = ["prompt", str(path), "--device", device, "--no-profile"] + (
         ["--device-name", device_name] if device_name else [])
     out = io.StringIO()
@@ -163,32 +164,48 @@ def _tolerances(text: str) -> list[tuple[float, float, str]]:
     return [(float(a), float(r), d) for a, r, d in re.findall(r"atol ([0-9.e+-]+), rtol ([0-9.e+-]+) for (\w+)", text)]
 
 
-@pytest.mark.parametrize("device, name", [("cpu", None), ("cuda", "NVIDIA H200")])
-def test_the_prompt_states_the_judges_tolerance_once_and_only_facts_of_its_device(tmp_path, device, name):
+def _numbers(text: str) -> list[float]:
+    """Every decimal or e-notation number outside the problem's own source and the profile."""
+    import re
+
+    rules = text.split("## Reference")[0]
+    return [float(x) for x in re.findall(r"(?<![\w.])\d+\.\d+(?:e-?\d+)?|(?<![\w.])\d+e-?\d+", rules)]
+
+
+@pytest.mark.parametrize("device, name, inputs", [("cpu", None, BF16), ("cpu", None, F32),
+                                                  ("cuda", "NVIDIA H200", BF16), ("cuda", "NVIDIA H200", F32)])
+def test_the_prompt_states_the_judges_tolerance_once_and_only_facts_of_its_device(tmp_path, device, name, inputs):
     import re
 
     import torch
 
     from kernelevolve.evaluate.checks import REF_ERROR_FACTOR, tolerance
 
-    text = _prompt(tmp_path, device, device_name=name)
-    assert _tolerances(text) == [(*tolerance(torch.bfloat16), "bfloat16")]  # once, and the judge's own numbers
+    dtype = torch.bfloat16 if "bfloat16" in inputs else torch.float32
+    text = _prompt(tmp_path, device, device_name=name, inputs=inputs)
+    assert _tolerances(text) == [(*tolerance(dtype), str(dtype)[6:])]  # once, and the judge's own numbers
     assert text.count("|out - ref|") == 1 and f"within {REF_ERROR_FACTOR:g}x the reference's own error" in text
-    # every other tolerance-like number agrees with the judge's (no "about 1e-4" anywhere)
-    for number in re.findall(r"\b\d(?:\.\d+)?e-\d+\b", text):
-        assert float(number) in tolerance(torch.bfloat16), number
+    # every number the task and the rules state is one of the judge's (no "about 1e-4" anywhere)
+    assert set(_numbers(text)) <= {*tolerance(dtype)}, _numbers(text)
     words = GPU_WORDS if device == "cpu" else CPU_WORDS
     assert not [w for w in words if re.search(rf"\b{re.escape(w)}\b", text)], text
     if device == "cpu":
-        assert "verified but not timed" in text and "CPU tensors" in text
+        assert text.count("not timed") == 1 and text.count("interpreter") == 1 and "CPU tensors" in text
+        assert text.count("flushed") == 1
     else:
         assert "CUDA events" in text and "NVIDIA H200" in text and "Hopper" in text
+        assert ("does not allow TF32" in text) == (dtype == torch.float32)
     assert "What the evaluator accepts" not in text  # the rules are stated once, in the Rules section
 
 
-def test_the_prompt_follows_the_problems_own_tolerance_and_tf32(tmp_path):
-    text = _prompt(tmp_path, "cpu", "\nATOL = 5e-2\nRTOL = 1e-1\n")
-    assert _tolerances(text) == [(0.05, 0.1, "bfloat16")] and "set by the problem" in text
+def test_the_prompt_follows_the_problems_own_tolerance(tmp_path):
+    text = _prompt(tmp_path, "cuda", "\nATOL = 5e-2\nRTOL = 1e-1\n", "NVIDIA H200", inputs=F32)
+    assert _tolerances(text) == [(0.05, 0.1, "float32")] and "(ATOL and RTOL set by the problem)" in text
+    # the judge compares against the float64 result only under its own tolerances, and TF32 is the problem's affair
+    rules = text.split("## Reference")[0]
+    assert "float64" not in rules and "TF32" not in rules
+    one = _prompt(tmp_path, "cpu", "\nATOL = 5e-2\n", inputs=F32)
+    assert _tolerances(one) == [(0.05, 1e-3, "float32")] and "(ATOL set by the problem)" in one
 
 
 def test_an_improve_prompt_places_the_parent_against_the_baselines_and_the_floor(pin):

@@ -411,3 +411,18 @@ def test_an_early_empty_proposal_does_not_end_the_search(store, problem):
     out = search(store, new_run(store, problem), problem, AfterResultsProposer([]), pool, max_evals=5)
     assert pool.submitted == [src("first", 5.0), src("second", 4.0)]
     assert out.evaluations == 2 and out.stop_reason == "the proposers have nothing left to try"
+
+
+def test_a_reused_kernel_leaves_its_earlier_runs_call_and_reply_behind(store, problem):
+    class Replied(FakeProposer):
+        def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
+            out = super().propose(ctx, n)
+            return [Candidate(c.source, proposer=c.proposer, meta={"label": "m", "llm_call": 5,
+                                                                    "reply": "run1-001.reply.md"}) for c in out]
+
+    search(store, new_run(store, problem), problem, Replied([src("fast", 2.0)]), max_evals=5)
+    run_id = new_run(store, problem)
+    search(store, run_id, problem, FakeProposer([]), max_evals=5)
+    (seeded,) = store.nodes(run_id)
+    assert seeded.meta["reused"] and seeded.meta["label"] == "m"
+    assert "reply" not in seeded.meta and "llm_call" not in seeded.meta  # that run's verdict file stays that run's

@@ -433,10 +433,8 @@ class RayPool:
                           [(c.source, c.language, c.proposer) for c in candidates], self._gpu)
         try:
             text = self._await(ref, self._deadline_s(2 * cfg.timeout_s * max(1, len(candidates))))
-        except _Expired as e:
-            return [ScreenResult(Status.TIMEOUT, str(e))] * len(candidates)
-        except _Lost as e:
-            return [ScreenResult(Status.CRASHED, str(e))] * len(candidates)
+        except (_Expired, _Lost) as e:  # the batch as a whole: no candidate's fault; each goes to the judge
+            return [ScreenResult(Status.RUNTIME_ERROR, f"not screened: {e}", harness=True)] * len(candidates)
         return [ScreenResult.from_dict(d) for d in json.loads(text)]
 
     def _forget(self, future: Future[Result]) -> None:

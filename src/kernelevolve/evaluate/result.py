@@ -128,6 +128,7 @@ class ScreenResult:
     host_ms: float | None = None  # median host time to launch a call while timed (see TimingRun.host_ms)
     timed_at: float | None = None  # when its timing began, by the clock of the day
     details: dict[str, Any] = field(default_factory=dict)  # "mismatch": where wrong outputs are wrong (see mismatch.py)
+    error: str = ""  # the tail of a failure's traceback or compiler message
 
     @property
     def ok(self) -> bool:

@@ -52,6 +52,8 @@ KEEP_BYTES = 1 << 30
 _FIT_AFTER = {Status.COMPILE_ERROR, Status.INCORRECT}
 # The status of a child that finds, loading a candidate, that an earlier one left it tampered with.
 _UNFIT = "unfit"
+# The tail of a failure's traceback or compiler message a screen result keeps (the feedback quotes the candidate's line).
+ERROR_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -408,7 +410,7 @@ class Screener:
                 return None, -2
             return ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)"), child.answered
         except _Verdict as v:
-            return ScreenResult(v.status, v.reason), child.answered
+            return ScreenResult(v.status, v.reason, error=v.error[-ERROR_CHARS:]), child.answered
         except _MALFORMED as e:
             return ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})"), \
                 child.answered
@@ -553,7 +555,7 @@ def _failure(header: dict[str, Any]) -> Any:
         status = Status.RUNTIME_ERROR
     if status is Status.OK:
         status = Status.REJECTED
-    return ScreenResult(status, str(header.get("reason", ""))[:300])
+    return ScreenResult(status, str(header.get("reason", ""))[:300], error=str(header.get("error", ""))[-ERROR_CHARS:])
 
 
 

@@ -18,12 +18,8 @@ def make_proposers(names: list[str], device: str, options: dict[str, Any] | None
     from kernelevolve.propose.template import TemplateProposer
 
     opts = options or {}
-    default = SpendLimits()
-    limit = lambda key, d: (opts[key] or None) if key in opts else d  # noqa: E731
     prompted = {"knowledge_dirs": tuple(opts.get("knowledge_dirs") or ()), "prompts_dir": opts.get("prompts_dir"),
-                "budget_tokens": int(opts.get("prompt_tokens") or 12000),
-                "limits": SpendLimits(limit("max_calls", default.calls), limit("max_tokens", default.tokens),
-                                      limit("max_cost_usd", default.cost_usd))}
+                "budget_tokens": int(opts.get("prompt_tokens") or 12000), "limits": SpendLimits.from_options(opts)}
 
     def llm() -> Proposer:
         from kernelevolve.propose.llm import LLMProposer

@@ -11,8 +11,8 @@ node whose children keep failing is left alone.
 
 Every step is built from verdicts that exist: the proposer keeps at most ``concurrency`` lines of work in flight (one
 for ``manual``), so with one line the next prompt waits for the last reply's verdict. A reply that repeats a candidate
-the run already holds is not judged again: the next prompt says so, and after ``max_repeats`` such replies in a row the
-proposer stops. So it does once the run's model budget (calls, tokens, cost) is spent.
+the run already holds is not judged again: the next prompt says so, and after ``max_repeats`` such replies in a row
+that line of work (the node it expands, or the scratch steps) stops; the proposer stops once every line has. So it does once the run's model budget (calls, tokens, cost) is spent.
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ class ExpandConfig:
     explore: float = 0.15  # chance of a scratch step once something is verified
     top_k: int = 3  # targets are drawn from this many fastest verified nodes
     max_failed_calls: int = 6  # calls in a row without a candidate after which the proposer gives up
-    max_repeats: int = 3  # replies in a row that repeat a known candidate after which the proposer gives up
+    max_repeats: int = 3  # replies in a row that repeat a known candidate after which their line of work stops
+    max_repeats_total: int = 4  # such replies in a row over every line, after which the proposer stops
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,14 @@ class SpendLimits:
     calls: int | None = 60
     tokens: int | None = 1_000_000  # input and output together
     cost_usd: float | None = 10.0
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> "SpendLimits":
+        """From a run's proposer options ``max_calls``, ``max_tokens``, ``max_cost_usd``: absent, the default; 0 or
+        None, no limit."""
+        d = cls()
+        get = lambda key, default: (options[key] or None) if key in options else default  # noqa: E731
+        return cls(get("max_calls", d.calls), get("max_tokens", d.tokens), get("max_cost_usd", d.cost_usd))
 
 
 def failed(node: Node) -> bool:
@@ -83,6 +92,7 @@ class Expander:
 
     def __init__(self, name: str, cfg: ExpandConfig, rng: random.Random):
         self.name, self.cfg, self.rng = name, cfg, rng
+        self.stale: set[int | None] = set()  # lines of work stopped: node ids no longer expanded; None: scratch
 
     def repair_depth(self, node: Node | None, by_id: dict[int, Node]) -> int:
         depth = 0
@@ -98,18 +108,22 @@ class Expander:
             if node.parent is not None:
                 children.setdefault(node.parent, []).append(node)
         repairs = [node for node in reversed(history) if node.proposer == self.name and failed(node)
-                   and node.id not in children and self.repair_depth(node, by_id) <= self.cfg.max_repairs]
-        alive = [node for node in fastest_verified(history)
-                 if sum(failed(c) for c in children.get(node.id, [])) < self.cfg.max_child_failures]
+                   and node.id not in children and node.id not in self.stale
+                   and self.repair_depth(node, by_id) <= self.cfg.max_repairs]
+        alive = [node for node in fastest_verified(history) if node.id not in self.stale
+                 and sum(failed(c) for c in children.get(node.id, [])) < self.cfg.max_child_failures]
         targets = alive[:self.cfg.top_k]
+        scratch = None not in self.stale
         steps: list[Step] = []
         picked: dict[int, int] = {}
         for _ in range(n):
             if repairs:
                 node = repairs.pop(0)
                 steps.append(("repair", node, []))
-            elif not targets or self.rng.random() < self.cfg.explore:
+            elif scratch and (not targets or self.rng.random() < self.cfg.explore):
                 steps.append(("scratch", None, []))
+            elif not targets:
+                break  # every line of work is stopped
             else:
                 node = self.rng.choices(targets, weights=[1 / (i + 1) for i in range(len(targets))])[0]
                 kids = children.get(node.id, [])
@@ -148,10 +162,11 @@ class PromptedProposer:
         self.concurrency = concurrency  # lines of work in flight: prompts answered and not yet judged
         self.limits = limits
         self.failed_calls = 0
-        self.repeats = 0  # replies in a row that repeated a known candidate
+        self.repeats: dict[int | None, int] = {}  # per line of work (the node a step expands; None: scratch)
+        self.repeats_in_a_row = 0  # over every line
         self.notes: list[str] = []  # what the next prompt must say about the last replies (repeats)
         self.stopped = ""  # why this proposer asks no more, once it does not
-        self._spent: dict[str, float] | None = None  # calls, tokens and cost so far (from the store on first use)
+        self._spent = {"calls": 0.0, "tokens": 0.0, "cost_usd": 0.0}  # without a store: this proposer's calls
         self._inputs: tuple[str, PromptInputs] | None = None
         self.store: Any = None
         self.run_id: int | None = None
@@ -178,13 +193,14 @@ class PromptedProposer:
 
     # --- spend ------------------------------------------------------------------------------------------------------
     def spent(self) -> dict[str, float]:
-        """Calls, tokens and cost of this run's calls so far (a resumed run counts its earlier ones)."""
-        if self._spent is None:
-            usage = self.store.llm_usage(self.run_id) if self.store is not None and self.run_id is not None else None
-            self._spent = {"calls": usage["calls"] if usage else 0,
-                           "tokens": usage["input_tokens"] + usage["output_tokens"] if usage else 0,
-                           "cost_usd": (usage["cost_usd"] or 0.0) if usage else 0.0}
-        return self._spent
+        """Calls, tokens and cost of the run's calls so far, every proposer's (the store's count; a resumed run's
+        earlier calls included), or this proposer's own where it records none."""
+        if self.store is None or self.run_id is None:
+            return self._spent
+        usage = self.store.llm_usage(self.run_id)
+        return {"calls": usage["calls"] if usage else 0,
+                "tokens": usage["input_tokens"] + usage["output_tokens"] if usage else 0,
+                "cost_usd": (usage["cost_usd"] or 0.0) if usage else 0.0}
 
     def _calls_allowed(self, wanted: int) -> int:
         """How many of ``wanted`` calls the budget still allows; 0 (and the proposer stops) once it is spent."""
@@ -200,7 +216,7 @@ class PromptedProposer:
         return wanted if lim.calls is None else min(wanted, lim.calls - int(spent["calls"]))
 
     def _count(self, reply: Reply) -> None:
-        spent = self.spent()
+        spent = self._spent
         spent["calls"] += 1
         spent["tokens"] += reply.input_tokens + reply.output_tokens
         spent["cost_usd"] += reply.cost_usd or 0.0
@@ -257,6 +273,11 @@ class PromptedProposer:
             if not k:
                 break
             steps = self.expander.plan(ctx.history, k)
+            if not steps:  # every line of work is stopped: a verdict still to come may open one
+                if not any(pending(node) for node in ctx.history):
+                    self.stopped = (f"every line of work repeated candidates the run already holds "
+                                    f"{self.expander.cfg.max_repeats} times in a row")
+                break
             notes, self.notes = self.notes, []
             prompts = [build_prompt(strategy, pin, parent, kids, best, self.budget_tokens, notes=notes)
                        for strategy, parent, kids in steps]
@@ -306,23 +327,33 @@ class PromptedProposer:
             call_id = self.store.add_llm_call(
                 self.run_id, self.name, reply.model, strategy, status, detail, parent_id, reply.input_tokens,
                 reply.output_tokens, reply.cost_usd, reply.latency_s, prompt.sha)
-        self._tally(status, detail, reply)
+        self._tally(status, detail, parent_id, twin is not None)
         self.on_call(reply, status, detail)
         if cand is not None:
             cand.meta["llm_call"] = call_id
         return cand
 
-    def _tally(self, status: str, detail: str, reply: Reply) -> None:
-        """Count the outcome of a call toward the proposer's stop rules, and note a repeat for the next prompt."""
+    def _tally(self, status: str, detail: str, line: int | None, known: bool) -> None:
+        """Count the outcome of a call toward the stop rules, and note a repeat for the next prompt. ``line``: the
+        node the step expanded (None for scratch); ``known``: a repeat of a node the run holds (not of another reply
+        of the same batch, which identical prompts may give: that counts against nothing)."""
         cfg = self.expander.cfg
         if status == "repeat":
-            self.repeats += 1
-            self.notes.append(f"Your last reply was {detail}: it is not judged again. Take a clearly different "
-                              "approach (another decomposition, fusion boundary, schedule or algorithm).")
-            if self.repeats >= cfg.max_repeats:
-                self.stopped = f"{self.repeats} replies in a row repeated candidates the run already holds"
+            if known:
+                self.repeats[line] = self.repeats.get(line, 0) + 1
+                self.repeats_in_a_row += 1
+                if self.repeats_in_a_row >= cfg.max_repeats_total:
+                    self.stopped = f"{self.repeats_in_a_row} replies in a row repeated candidates the run already holds"
+                note = (f"Your last reply was {detail}: it is not judged again. Take a clearly different approach "
+                        "(another decomposition, fusion boundary, schedule or algorithm).")
+                if note not in self.notes:
+                    self.notes.append(note)
+                if self.repeats[line] >= cfg.max_repeats:
+                    self.expander.stale.add(line)
+                    log.info("%s: %d replies in a row repeated known candidates; the line of %s stops", self.name,
+                             self.repeats[line], "scratch steps" if line is None else f"node {line}")
             return
-        self.repeats = 0
+        self.repeats[line] = self.repeats_in_a_row = 0
         self.failed_calls = 0 if status == "candidate" else self.failed_calls + 1
         if self.failed_calls >= cfg.max_failed_calls:
             self.stopped = f"{self.failed_calls} calls in a row gave no candidate"

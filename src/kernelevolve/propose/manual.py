@@ -84,7 +84,7 @@ class ManualProposer(PromptedProposer):
 
     def observe(self, node: Node) -> None:
         ref = node.meta.get("reply")
-        if ref:
+        if ref and ref.startswith(f"run{self.run_id or 0}-"):  # a reply of this run's, never an earlier run's
             payload, text = verdict_of(node)
             self._write_verdict(ref, payload, text)
 

@@ -175,16 +175,9 @@ def failure_text(node: Node, max_chars: int = 3000) -> str:
 
     if node.result is not None:
         return describe_failure(node.result, node.source, max_chars)
-    sc = node.screen
-    if sc is None:
+    if node.screen is None:
         raise PromptError(f"node {node.id} has no result to report")
-    text = f"status: {sc.status.value} (found by the screen's one check)\nreason: {sc.reason}"
-    mismatch = (getattr(sc, "details", None) or {}).get("mismatch")
-    if mismatch:
-        from kernelevolve.evaluate.feedback import mismatch_text
-
-        text += "\n" + mismatch_text(mismatch)
-    return text[:max_chars]
+    return describe_failure(node.screen, node.source, max_chars - 40) + "\n(found by the screen's one check)"
 
 
 def verdict_of(node: Node) -> tuple[dict[str, Any], str]:
@@ -196,17 +189,17 @@ def verdict_of(node: Node) -> tuple[dict[str, Any], str]:
                        speedup_eager=r.speedup_eager, speedup_compile=r.speedup_compile,
                        mismatch=r.details.get("mismatch"))
     elif sc is not None:
-        payload.update(status=sc.status.value, reason=sc.reason, screen_ms=sc.ms)
+        payload.update(status=sc.status.value, reason=sc.reason, screen_ms=sc.ms, mismatch=sc.details.get("mismatch"))
     if sc is not None:
         payload["screen"] = {"status": sc.status.value, "reason": sc.reason, "ms": sc.ms,
                              "sent_to_judge": node.finalist}
     if node.ok:
-        text = f"**ok** (node {node.id}): verified, {_ms(node)}"
+        text = f"**ok** (node {node.id}): {_ms(node) if r.timed else r.reason}"
     elif r is not None or (sc is not None and not sc.ok):
         text = f"**{payload['status']}** (node {node.id})\n\n{failure_text(node)}"
     else:
         text = (f"**screened** (node {node.id}): checked once and timed at {_fmt(sc.ms if sc else None)} ms; not "
-                "fast enough against the run's best to be judged")
+                "sent on to the judge (slower than the batch's finalists, or no judge evaluation was left)")
     return payload, text
 
 
@@ -232,24 +225,32 @@ class PromptInputs:
     device: str = "cuda"  # where the run's candidates run: "cuda" or "cpu"
 
 
-def tolerance_text(problem: Problem) -> str:
+def tolerance_text(problem: Problem, device: str = "cuda") -> str:
     """The judge's correctness rule for this problem, from the judge's own function and constants."""
     from kernelevolve.evaluate.checks import REF_ERROR_FACTOR, tolerance
 
-    per = []
+    per, floating = [], False
     for name in dict.fromkeys(problem.output_dtypes):
         dtype = getattr(torch, name, None)
-        if isinstance(dtype, torch.dtype):
-            atol, rtol = tolerance(dtype, problem.allow_tf32, problem.atol, problem.rtol)
-            per.append(f"atol {atol:g}, rtol {rtol:g} for {name} outputs" if dtype.is_floating_point
-                       else f"an exact match for {name} outputs")
-    source = " (set by the problem)" if problem.atol is not None or problem.rtol is not None else ""
-    text = f"every element must satisfy |out - ref| <= atol + rtol * |ref|, with {'; '.join(per)}{source}"
-    if "float32" in problem.output_dtypes and problem.atol is None and problem.rtol is None:
+        if not isinstance(dtype, torch.dtype):
+            continue
+        atol, rtol = tolerance(dtype, problem.allow_tf32, problem.atol, problem.rtol)
+        if dtype.is_floating_point or dtype.is_complex:
+            floating = floating or dtype.is_floating_point
+            per.append(f"atol {atol:g}, rtol {rtol:g} for {name} outputs")
+        else:
+            per.append(f"an exact match for {name} outputs")
+    own = [n for n, v in (("ATOL", problem.atol), ("RTOL", problem.rtol)) if v is not None]
+    text = (f"every element must satisfy |out - ref| <= atol + rtol * |ref|, with {'; '.join(per)}"
+            + (f" ({' and '.join(own)} set by the problem)" if own else ""))
+    if device == "cuda" and "float32" in problem.output_dtypes and not own:
         text += ("; this problem allows TF32" if problem.allow_tf32
                  else "; TF32 matmuls miss it (this problem does not allow TF32)")
-    return (text + ". NaN and Inf must sit where the reference has them. On long reductions an element also passes "
-            f"within {REF_ERROR_FACTOR:g}x the reference's own error from a float64 result")
+    text += ". NaN and Inf must sit where the reference has them"
+    if floating and not own:  # the judge widens against the float64 result only under its own tolerances
+        text += (f". On long reductions an element also passes within {REF_ERROR_FACTOR:g}x the reference's own "
+                 "error from a float64 result")
+    return text
 
 
 # What the prompt says of the device: where the candidates run and how they are timed.
@@ -264,13 +265,12 @@ DEVICE_TEXT = {
                   "before each.",
     },
     "cpu": {
-        "advice": "The run is on the CPU: the inputs are CPU tensors and the candidate runs there. A torch "
-                  "implementation is timed; a Triton kernel runs under Triton's interpreter on the CPU, where it is "
-                  "verified but not timed, so it cannot show a speedup in this run.",
+        "advice": "The run is on the CPU: the inputs are CPU tensors and the candidate runs there; only torch code "
+                  "can show a speedup in this run (see the rules on timing).",
         "ways": "fewer passes over memory, fused torch ops, fewer temporaries and less Python per call",
         "own_work": "Do the work in the call itself. No extra threads or processes",
         "timing": "Speed is the median wall time (time.perf_counter) over many repetitions, the cache flushed "
-                  "before each; Triton kernels run interpreted on the CPU and are not timed.",
+                  "before each. Triton kernels run under Triton's interpreter on the CPU: verified but not timed.",
     },
 }
 
@@ -287,7 +287,8 @@ def build_prompt(strategy: str, pin: PromptInputs, parent: Node | None = None,
     t = lambda name: load_template(name, pin.templates_dir)  # noqa: E731
     problem = pin.problem
     mutates = " (the reference mutates some inputs: do exactly what it does)" if problem.mutates_inputs else ""
-    fields = {"device": pin.device_name, "strategy": hint, "tolerance": tolerance_text(problem), "mutates": mutates,
+    fields = {"device": pin.device_name, "strategy": hint, "tolerance": tolerance_text(problem, pin.device),
+              "mutates": mutates,
               **DEVICE_TEXT["cpu" if pin.device == "cpu" else "cuda"]}
     if parent is not None:
         fields.update(parent_label=_label(parent), parent_ms=_ms(parent, pin.profile))

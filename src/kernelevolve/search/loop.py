@@ -475,8 +475,10 @@ class _Loop:
         baseline stored beside the run, or an earlier run's winners). They cost no evaluation, and the run can then
         never return something slower than what is already known."""
         for known in self.store.fastest_known(self.problem.sha, self.device_key, KNOWN_SEEDS):
+            # the earlier run's call and reply file are that run's: its verdict file is not this run's to write
+            meta = {k: v for k, v in known.meta.items() if k not in ("llm_call", "reply")}
             cand = Candidate(known.source, proposer=known.proposer, language=known.language,
-                             meta={**known.meta, "reused": True})
+                             meta={**meta, "reused": True})
             node = self.add(cand)
             if node.result is not None:
                 log.info("node %d: reusing a kernel already verified for this problem and device (%.4g ms)", node.id,
