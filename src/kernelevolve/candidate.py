@@ -44,6 +44,8 @@ class Meta(TypedDict, total=False):
     dropped_sections: list[str]
     llm_call: int | None
     reply: str  # manual: the reply file it came from (its verdict is written beside it)
+    start: str  # start: the name of the user's file this node is (a root of the tree)
+    root: int  # start: the node of the start file this variant tunes
     reused: bool  # the search loop: seeded from a kernel already verified in another run
 
 

@@ -107,7 +107,7 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
                          executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries,
                          screen_batch=args.screen_batch, finalists=args.finalists,
                          max_screened=args.max_screened or None, screen_timeout_s=args.screen_timeout,
-                         screen_share=args.screen_share)
+                         screen_share=args.screen_share, starts=start_files(args.start))
     if cfg.finalists < 1 or (args.screen_batch is not None and args.screen_batch < 0) or args.max_screened < 0:
         raise UsageError("--finalists takes a positive count, --screen-batch and --max-screened 0 or more")
     if not 0 < cfg.screen_share <= 1 or cfg.screen_timeout_s <= 0:
@@ -163,6 +163,18 @@ def _kilo(n: float) -> str:
     return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.0f}k" if n >= 1e3 else f"{n:.0f}"
 
 
+def start_files(paths: list[str]) -> tuple[dict[str, str], ...]:
+    """The --start files, read now: a missing one is a usage error (one line, exit 2)."""
+    starts, names = [], set()
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise UsageError(f"{path}: no such start file")
+        name = path.name if path.name not in names else f"{path.name}#{len(starts) + 1}"
+        names.add(name)
+        starts.append({"name": name, "source": path.read_text()})
+    return tuple(starts)
+
+
 def budget_options(args: argparse.Namespace) -> dict[str, Any]:
     """The model-budget flags given on the command line, as proposer options (absent: not given)."""
     given = {"max_calls": args.llm_calls, "max_tokens": args.llm_tokens, "max_cost_usd": args.llm_cost}
@@ -190,6 +202,16 @@ def _print_outcome(console: Any, outcome: Any, db: str) -> None:
     if outcome.phases:
         console.print("time: " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s"
                                            for k, v in outcome.phases.items()), markup=False)
+    for node in outcome.starts:  # the kernels the user asked to improve, and how the best stands against each
+        r = node.result
+        if r.timed and r.runtime_ms is not None:
+            over = (f"; the best is {r.runtime_ms / best.runtime_ms:.2f}x faster than it" if best is not None
+                    and best.timed and best.runtime_ms else "")
+            console.print(f"start kernel {node.meta['start']}: {_fmt_ms(r.runtime_ms)} "
+                          f"({_fmt_x(r.speedup_eager)} vs eager, {_fmt_x(r.speedup_compile)} vs torch.compile){over}",
+                          markup=False)
+        else:
+            console.print(f"start kernel {node.meta['start']}: verified, untimed", markup=False)
     if best is None:
         console.print(outcome.best_why, markup=False)
     elif best.timed and b is not None and b.eager is not None and best.runtime_ms > b.eager.median_ms:
@@ -411,6 +433,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     from kernelevolve.report import report_view
     from kernelevolve.store import Store
 
+    if args.diff is not None:
+        return _show_diff(Store(args.db), args.run, args.diff)
     view = report_view(Store(args.db), args.run)
     run = view["run"]
     sc = view.get("screen")
@@ -437,6 +461,24 @@ def cmd_show(args: argparse.Namespace) -> int:
         parent = branches.get(n["parent"], tree)
         branches[n["id"]] = parent.add(label + (reason if len(reason) <= room else reason[:room - 1] + "…"))
     console.print(tree)
+    return EXIT_OK
+
+
+def _show_diff(store: Any, run_ref: str, node_id: int) -> int:
+    from kernelevolve.propose.start import diff_text
+    from kernelevolve.report import start_of
+
+    history = store.nodes(store.run(run_ref).id)
+    node = next((n for n in history if n.id == node_id), None)
+    if node is None:
+        raise UsageError(f"run {run_ref} has no node {node_id}")
+    root = start_of(node, history)
+    base = root if root is not None and root.id != node.id else next(
+        (n for n in history if n.id == node.parent), None)
+    if base is None:
+        raise UsageError(f"node {node_id} has no start kernel or parent to compare with")
+    name = base.meta.get("start") or f"node {base.id}"
+    print(diff_text(base.source, node.source, name) or f"node {node_id} is identical to {name}", end="")
     return EXIT_OK
 
 
@@ -552,6 +594,9 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
                    help="comma-separated proposer names: template (the Triton template library), inductor "
                         "(torch.compile configurations), llm (a language model: --llm-model), manual (you answer "
                         "the prompts: --manual-dir) (default: template,inductor)")
+    p.add_argument("--start", action="append", metavar="FILE", default=[],
+                   help="your own kernel (a candidate file) to start from: judged first, then tuned (its autotune "
+                        "configs, constexpr launch settings, num_warps/num_stages) and improved; repeatable")
     p.add_argument("--max-evals", type=int, default=20)
     p.add_argument("--time-budget", type=float, help="seconds of search, counted from the first proposal")
     p.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")
@@ -676,6 +721,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="print a run's search tree")
     s.add_argument("run", help="run id or 'latest'")
     s.add_argument("--db", default=DEFAULT_DB)
+    s.add_argument("--diff", type=int, metavar="NODE", help="print node NODE's source as a diff against the start "
+                   "kernel it tunes (or against its parent)")
     s.set_defaults(func=cmd_show)
 
     w = sub.add_parser("report", help="write best.py and report.html for a run")
@@ -718,6 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from kernelevolve.engine import ExecutorError
+    from kernelevolve.optimize import StartError
     from kernelevolve.problem import ProblemError
     from kernelevolve.propose import ProposerError
     from kernelevolve.service import JobError
@@ -732,7 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
-    except (ProblemError, ProposerError, UsageError, StoreError, JobError, ExecutorError) as e:
+    except (ProblemError, ProposerError, UsageError, StoreError, JobError, ExecutorError, StartError) as e:
         if args.debug:
             traceback.print_exc()
         print(f"kernelevolve: error: {e}", file=sys.stderr)

@@ -8,12 +8,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from kernelevolve.candidate import Candidate, Meta
 from kernelevolve.engine import make_pool
 from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, TimingConfig
 from kernelevolve.evaluate.screen import ScreenConfig
 from kernelevolve.problem import Problem, ProblemError, load_problem
 from kernelevolve.profile import Profile, ProfileError, profile_problem
 from kernelevolve.propose import make_proposers
+from kernelevolve.propose.start import NAME as START
+from kernelevolve.propose.start import StartProposer
 from kernelevolve.machine import here, versions
 from kernelevolve.report import write_outputs
 from kernelevolve.rows import Node, Run
@@ -53,6 +56,9 @@ class OptimizeConfig:
     max_screened: int | None = 480
     screen_timeout_s: float = 120.0
     screen_share: float = 0.6  # of time_budget_s, at most, spent screening
+    # the user's kernels the run starts from (--start): {"name": the file's name, "source": its text}, each judged
+    # first, a root of the tree, and tuned by the start proposer
+    starts: tuple[dict[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,7 +73,12 @@ class OptimizeConfig:
     def from_dict(cls, d: dict[str, Any]) -> "OptimizeConfig":
         d = dict(d)
         d["proposers"] = tuple(d.get("proposers", ("inductor",)))
+        d["starts"] = tuple(d.get("starts", ()))
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+class StartError(Exception):
+    """A start kernel the judge did not verify: the user asked to improve it, and it is wrong (one line)."""
 
 
 @dataclass
@@ -79,6 +90,7 @@ class RunOutcome:
     files: dict[str, Path] = field(default_factory=dict)
     best_why: str = ""  # one line: why best.py is what it is
     phases: dict[str, float] = field(default_factory=dict)  # seconds: profile, baseline, search
+    starts: list[Node] = field(default_factory=list)  # the start kernels, judged
 
 
 def make_evaluator(problem: Problem, cfg: OptimizeConfig, workdir: Path | None = None) -> Evaluator:
@@ -132,6 +144,8 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
               on_stage: Callable[[str], None], on_screen: Callable[[int, int], None] | None = None) -> RunOutcome:
     run_id = run.id
     proposers = make_proposers(list(cfg.proposers), cfg.device, cfg.proposer_options)
+    if cfg.starts and not any(p.name == START for p in proposers):
+        proposers.append(StartProposer(cfg.device))
     phases = dict(run.phases)  # seconds; a resumed run keeps its earlier profile and baseline times
     profile = run.profile
     if profile is None and cfg.profile and here(cfg.device, cfg.executor) != cfg.device:
@@ -143,6 +157,7 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
         phases["profile_s"] = round(time.monotonic() - t0, 3)
         if profile is not None:
             store.update_run(run_id, profile=profile)
+    starts = _judge_starts(problem, cfg, store, run, pool, on_stage, on_result)  # a wrong one ends the run at once
     baseline = run.baseline
     if baseline is None:
         on_stage("timing the reference: eager and torch.compile")
@@ -151,6 +166,7 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
         phases["baseline_s"] = round(time.monotonic() - t0, 3)
         store.update_run(run_id, baseline=baseline)
     store.update_run(run_id, phases=phases)
+    starts = [replace(n, result=n.result.with_baseline(baseline)) for n in starts]
     on_stage("searching")
     t0 = time.monotonic()
     try:
@@ -172,7 +188,36 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     store.record_experience(run_id)
     best = outcome.best.result.with_baseline(baseline) if outcome.best and outcome.best.result else None
     files, why = write_outputs(store, run_id, out_dir)
-    return RunOutcome(run_id, outcome, baseline, best, files, why, phases)
+    return RunOutcome(run_id, outcome, baseline, best, files, why, phases, starts)
+
+
+def _judge_starts(problem: Problem, cfg: OptimizeConfig, store: Store, run: Run, pool: Any,
+                  on_stage: Callable[[str], None], on_result: Callable[[Node, Result], None] | None) -> list[Node]:
+    """Judge each start kernel before the baselines and the search (a resumed run's are judged already): each
+    becomes a root of the tree. One that fails the judge ends the run with StartError."""
+    if not cfg.starts:
+        return []
+    on_stage("judging the start kernels")
+    known = {n.meta.get("start"): n for n in store.nodes(run.id) if n.proposer == START and n.meta.get("start")}
+    roots = []
+    for start in cfg.starts:
+        node = known.get(start["name"])
+        if node is None:
+            cand = Candidate(start["source"], proposer=START, meta=Meta(label=f"start: {start['name']}",
+                                                                        start=start["name"]))
+            node = store.add_node(run.id, problem.sha, run.device_key, cand)
+        if node.result is None:  # not judged here before, nor this source elsewhere for this problem and device
+            node = replace(node, result=pool.submit(node.candidate()).result())
+            store.save_result(node.id, node.result)
+            if on_result is not None:
+                on_result(node, node.result)
+        result = node.result
+        if not result.ok:
+            why = f"{start['name']}: the start kernel failed the judge: {result.status.value}: {result.reason}"
+            store.update_run(run.id, status="failed", finished=now(), stop_reason=why)
+            raise StartError(why.splitlines()[0][:500])
+        roots.append(node)
+    return roots
 
 
 def _screen_config(cfg: OptimizeConfig) -> ScreenConfig:
@@ -187,4 +232,4 @@ def _profile(problem: Problem, device: str) -> Profile | None:
         return None
 
 
-__all__ = ["OptimizeConfig", "RunOutcome", "StoreError", "optimize"]
+__all__ = ["OptimizeConfig", "RunOutcome", "StartError", "StoreError", "optimize"]

@@ -258,7 +258,18 @@ def _best(best: dict | None) -> str:
         link = f'<a href="#node-{_e(node)}">node {_e(node)}</a>'
     else:
         link = "the reference" if best.get("reference") else NONE
-    return f"<h2>Best candidate</h2><p>{link}: {_e(best.get('why'))}</p>{_code(best.get('source'))}"
+    diff = (f"<h3>Against the start kernel {_e(best['start'])}</h3>{_code(best['diff'])}" if best.get("diff")
+            else "")
+    return f"<h2>Best candidate</h2><p>{link}: {_e(best.get('why'))}</p>{diff}{_code(best.get('source'))}"
+
+
+def _starts(starts: list[dict] | None) -> str:
+    """The user's start kernels: each one's verdict and time, and the best's speedup over it."""
+    if not starts:
+        return ""
+    rows = [[_e(s["name"]), f'<a href="#node-{s["node"]}">{s["node"]}</a>', _e(s["status"]),
+             _num(s.get("runtime_ms"), suffix=" ms"), _num(s.get("best_over"), ".3g", "x")] for s in starts]
+    return f"<h2>Start kernels</h2>{_table(['file', 'node', 'verdict', 'time', 'best over it'], rows)}"
 
 
 NODE_HEADERS = ["id", "parent", "proposer", "what", "language", "status", "reason", "runtime ms", "timed",
@@ -309,7 +320,7 @@ def render_report(view: dict) -> str:
     baseline = view.get("baseline") or {}
     title = f"{problem.get('name') or 'problem'}: run {run.get('id')}"
     body = [_header(view), _summary(nodes), _screen(view.get("screen")), _baseline(view.get("baseline")),
-            _llm(view.get("llm_usage"), run.get("config"), run.get("stop_reason")),
+            _llm(view.get("llm_usage"), run.get("config"), run.get("stop_reason")), _starts(view.get("starts")),
             _profile(view.get("profile")),
             _chart(nodes, baseline.get("eager_ms")), _best(view.get("best")), _approvals(view.get("approvals")),
             _nodes(nodes),
@@ -345,7 +356,9 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
             "eager_ms": baseline.eager.median_ms if baseline.eager else None,
             "compile_ms": baseline.compiled.median_ms if baseline.compiled else None,
             "compile_s": baseline.compile_s, "error": baseline.error},
-        "best": _best_view(best, why, baseline, problem.source, history, run.stop_reason),
+        "best": _with_start_diff(_best_view(best, why, baseline, problem.source, history, run.stop_reason),
+                                 history),
+        "starts": _starts_view(history, best),
         "phases": run.phases,
         "nodes": nodes,
         "screen": screen_summary(history),
@@ -442,6 +455,37 @@ def _best_view(best: Node | None, why: str, baseline: Baseline | None, source: s
                 "why": f"no candidate beat eager ({eager:.4g} ms; the fastest took {r.runtime_ms:.4g} ms, node "
                        f"{best.id}): best.py is the reference itself"}
     return {"node": best.id, "source": best.source, "why": why}
+
+
+def start_of(node: Node, history: Sequence[Node]) -> Node | None:
+    """The start kernel (a root of proposer ``start``) that ``node`` descends from, if any."""
+    by_id = {n.id: n for n in history}
+    while node is not None:
+        if node.meta.get("start"):
+            return node
+        node = by_id.get(node.parent) if node.parent is not None else None
+    return None
+
+
+def _with_start_diff(best: dict[str, Any], history: Sequence[Node]) -> dict[str, Any]:
+    node = next((n for n in history if n.id == best.get("node")), None)
+    root = start_of(node, history) if node is not None else None
+    if root is None or root.id == node.id:
+        return best
+    from kernelevolve.propose.start import diff_text
+
+    return dict(best, start=root.meta["start"], diff=diff_text(root.source, node.source, root.meta["start"]))
+
+
+def _starts_view(history: Sequence[Node], best: Node | None) -> list[dict[str, Any]]:
+    out = []
+    for n in history:
+        if n.meta.get("start"):
+            ms = n.runtime_ms
+            over = ms / best.runtime_ms if ms and best is not None and best.runtime_ms else None
+            out.append({"name": n.meta["start"], "node": n.id, "status": n.result.status.value if n.result else
+                        "pending", "runtime_ms": ms, "best_over": over})
+    return out
 
 
 def _node_view(node: Node, baseline: Baseline | None) -> dict[str, Any]:

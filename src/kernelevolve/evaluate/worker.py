@@ -431,6 +431,8 @@ class Session:
         if not isinstance(getattr(cand, "ModelNew", None), type):
             raise Fail("compile_error", "the candidate defines no class ModelNew")
         self.kernels = [n for n, v in vars(cand).items() if _is_triton_kernel(v)]
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            _first_configs(cand)
         try:
             model = self._build(cand, "ModelNew")
             state = torch.load(self.job["state_dict"], weights_only=True)
@@ -595,6 +597,21 @@ def _encode(outs: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
     # resolve_conj/resolve_neg: a lazily conjugated or negated view cannot be reinterpreted as bytes
     return meta, [t.resolve_conj().resolve_neg().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
                   for t in tensors]
+
+
+def _first_configs(module: Any) -> None:
+    """Under the interpreter an autotuner cannot time its configurations (there is no device to time on, and the
+    timings would mean nothing): each autotuned kernel of the candidate runs its first configuration, which is the
+    one checked. On a GPU the autotuner runs as written."""
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:
+        return
+    for name, value in vars(module).items():
+        if isinstance(value, Autotuner) and len(value.configs) > 1:
+            print(f"kernelevolve: under the interpreter, autotuned kernel {name} runs its first configuration",
+                  file=sys.stderr)
+            value.configs = value.configs[:1]
 
 
 def _is_triton_kernel(value: Any) -> bool:

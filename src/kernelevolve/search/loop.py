@@ -519,7 +519,7 @@ class _Loop:
             self.proposal_store.close()
 
     def _run(self) -> SearchOutcome:
-        if not self.history:
+        if all(n.meta.get("start") for n in self.history):  # a fresh run (its start kernels are judged already)
             self.seed_known()
         self.resume_pending()
         warm = getattr(self.pool, "warm_screens", None)
