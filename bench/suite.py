@@ -53,10 +53,13 @@ class SuiteConfig:
     def optimize_config(self, budget_s: float | None) -> Any:
         from kernelevolve.optimize import OptimizeConfig
 
+        # no hardware counters: ncu's replays would add device time to every problem, and the suite measures search
         if self.defaults:
-            return OptimizeConfig(device=self.device, proposers=self.proposers, timing_budget_ms=self.timing_budget_ms)
+            return OptimizeConfig(device=self.device, proposers=self.proposers, timing_budget_ms=self.timing_budget_ms,
+                                  counters=False)
         return OptimizeConfig(device=self.device, proposers=self.proposers, max_evals=self.max_evals,
-                              time_budget_s=budget_s, stall=None, timing_budget_ms=self.timing_budget_ms)
+                              time_budget_s=budget_s, stall=None, timing_budget_ms=self.timing_budget_ms,
+                              counters=False)
 
 
 _REFERENCE: dict[str, tuple[Any, Any]] = {}  # problem stem -> the max-autotune candidate and its result

@@ -45,7 +45,7 @@ def test_judge_only_pass_appends_rows_and_resumes(corpus, tmp_path):
     rows = {r["problem"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["level1/1_Broken"]["status"] == "error" and "not a problem" in rows["level1/1_Broken"]["error"]
     scale = rows["level1/2_Scale"]
-    assert scale["eager_status"] == "ok" and scale["eager_ms"] > 0 and scale["eager_judge_s"] > 0
+    assert scale["eager_status"] == "ok" and scale["eager_ms"] > 0 and scale["eager_judge_s"] > 0, scale
     assert scale["compile_status"] == "skipped" and "--max-eager-ms 0" in scale["compile_reason"]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -59,7 +59,7 @@ def test_judge_only_pass_appends_rows_and_resumes(corpus, tmp_path):
     assert "2 already in" in retry.stdout and "1 to run" in retry.stdout
     data = json.loads(out.read_text())
     assert [r["problem"] for r in data["rows"]] == ["level1/1_Broken", "level1/2_Scale", "level1/10_Scale_again"]
-    assert data["rows"][0]["eager_status"] == "ok" and data["summary"]["errors"] == 0
+    assert data["rows"][0]["eager_status"] == "ok" and data["summary"]["errors"] == 0, data["rows"][0]
 
 
 def test_failed_rows_are_the_ones_retried():

@@ -40,7 +40,9 @@ def test_create_run_and_read_back(store):
     store.update_run(run_id, status="finished", stop_reason="done")
     assert store.run(str(run_id)).stop_reason == "done"
     with pytest.raises(StoreError):
-        store.update_run(run_id, config="{}")
+        store.update_run(run_id, created="2026-01-01")
+    store.update_run(run_id, config={**CFG, "proposer_options": {"max_calls": 200}})  # a resume's new budget
+    assert store.run(run_id).config["proposer_options"] == {"max_calls": 200}
 
 
 def test_profile_and_baseline_are_typed_and_stored_as_the_json_earlier_versions_wrote(store):

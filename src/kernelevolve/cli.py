@@ -107,7 +107,7 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
                          executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries,
                          screen_batch=args.screen_batch, finalists=args.finalists,
                          max_screened=args.max_screened or None, screen_timeout_s=args.screen_timeout,
-                         screen_share=args.screen_share, starts=start_files(args.start))
+                         screen_share=args.screen_share, starts=start_files(args.start), counters=not args.no_ncu)
     if cfg.finalists < 1 or (args.screen_batch is not None and args.screen_batch < 0) or args.max_screened < 0:
         raise UsageError("--finalists takes a positive count, --screen-batch and --max-screened 0 or more")
     if not 0 < cfg.screen_share <= 1 or cfg.screen_timeout_s <= 0:
@@ -270,11 +270,33 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     device = _device(args)
     problem = load_problem(args.problem, device)
+    if args.candidate and not Path(args.candidate).is_file():
+        raise UsageError(f"{args.candidate}: no such candidate file")
     print(f"problem {problem.name} ({problem.short_sha}); outputs {', '.join(problem.output_dtypes)}; "
           f"{problem.n_shapes} shape(s)")
     print(render_profile(profile_problem(problem, device, measure_ceilings=args.measure)))
     print(_render_plan(problem, device))
+    if args.ncu:
+        _print_counters(problem, device, args.candidate)
     return EXIT_OK
+
+
+def _print_counters(problem: Any, device: str, candidate: str | None) -> None:
+    """The hardware-counter table of the reference (and of ``candidate``), or one line on why there is none."""
+    from kernelevolve.counters import CountersError, diagnose, render
+
+    if device != "cuda":
+        print("hardware counters: none on the CPU (ncu reads NVIDIA GPUs); the profile above stands")
+        return
+    import torch
+
+    major = torch.cuda.get_device_capability()[0]
+    for label, path in [("reference", None)] + ([(f"candidate {candidate}", candidate)] if candidate else []):
+        try:
+            print(f"\nhardware counters of the {label} (ncu, --clock-control none):")
+            print(render(diagnose(problem.path, device, path, major=major)))
+        except CountersError as e:
+            print(f"hardware counters: {e}")
 
 
 def cmd_prompt(args: argparse.Namespace) -> int:
@@ -610,6 +632,8 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")
     p.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time per candidate")
+    p.add_argument("--no-ncu", action="store_true", help="skip the hardware counters of the reference, the start "
+                   "kernels and the best (read with ncu on CUDA where it is on the PATH)")
     sc = p.add_argument_group("the screen: many candidates checked once and timed briefly, the fastest judged")
     sc.add_argument("--screen-batch", type=int, metavar="N",
                     help="candidates per screen batch (default: 32 on CUDA, 0 on the CPU; 0: judge every candidate)")
@@ -672,6 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("problem")
     i.add_argument("--device", choices=["cpu", "cuda"])
     i.add_argument("--measure", action="store_true", help="measure the device's ceilings instead of reading them")
+    i.add_argument("--ncu", action="store_true", help="read each kernel's hardware counters with Nsight Compute "
+                   "and name its bound (CUDA; one line says why where it cannot)")
+    i.add_argument("--candidate", metavar="FILE", help="with --ncu: a candidate file's kernels too")
     i.set_defaults(func=cmd_inspect)
 
     q = sub.add_parser("prompt", help="print the prompt a language model would get next (no model is called)")

@@ -59,6 +59,8 @@ class OptimizeConfig:
     # the user's kernels the run starts from (--start): {"name": the file's name, "source": its text}, each judged
     # first, a root of the tree, and tuned by the start proposer
     starts: tuple[dict[str, str], ...] = ()
+    # hardware counters (ncu) of the reference, the start kernels and the best, on CUDA where ncu is on the PATH
+    counters: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,6 +169,10 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
         store.update_run(run_id, baseline=baseline)
     store.update_run(run_id, phases=phases)
     starts = [replace(n, result=n.result.with_baseline(baseline)) for n in starts]
+    profile = _diagnose(problem, cfg, profile, [("reference", None), *((f"start: {n.meta['start']}", n.source)
+                                                                          for n in starts)], on_stage)
+    if profile is not None:
+        store.update_run(run_id, profile=profile)
     on_stage("searching")
     t0 = time.monotonic()
     try:
@@ -184,11 +190,49 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     phases["search_s"] = round(phases.get("search_s", 0.0) + time.monotonic() - t0, 3)
     if outcome.first_proposal_s is not None:
         phases["first_proposal_s"] = outcome.first_proposal_s
+    if outcome.best is not None and not outcome.best.meta.get("start"):
+        profile = _diagnose(problem, cfg, profile, [(f"best (node {outcome.best.id})", outcome.best.source)],
+                            on_stage)
+        if profile is not None:
+            store.update_run(run_id, profile=profile)
     store.update_run(run_id, status="finished", finished=now(), stop_reason=outcome.stop_reason, phases=phases)
     store.record_experience(run_id)
     best = outcome.best.result.with_baseline(baseline) if outcome.best and outcome.best.result else None
     files, why = write_outputs(store, run_id, out_dir)
     return RunOutcome(run_id, outcome, baseline, best, files, why, phases, starts)
+
+
+def _diagnose(problem: Problem, cfg: OptimizeConfig, profile: Profile | None,
+              targets: list[tuple[str, str | None]], on_stage: Callable[[str], None]) -> Profile | None:
+    """The profile with the hardware counters of each target (label, candidate source or None for the reference)
+    added, on CUDA with ncu; a target ncu cannot read gets its one-line reason instead. Without ncu the profile says
+    so once and is otherwise unchanged."""
+    from kernelevolve.counters import CountersError, diagnose, ncu_path
+
+    if not cfg.counters or cfg.device != "cuda" or profile is None:
+        return profile
+    counters = dict(profile.counters)
+    if ncu_path() is None:
+        note = "ncu is not on the PATH: no hardware counters (the torch profiler's profile stands)"
+        return profile if note in profile.notes else replace(profile, notes=[*profile.notes, note])
+    import torch
+
+    major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else None
+    for label, source in targets:
+        if label in counters:  # a resumed run read it already
+            continue
+        on_stage(f"reading hardware counters: {label}")
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+            if source is not None:
+                f.write(source)
+        try:
+            kernels = diagnose(problem.path, "cuda", f.name if source is not None else None, major=major)
+            counters[label] = {"kernels": [k.to_dict() for k in kernels]}
+        except CountersError as e:
+            counters[label] = {"error": str(e)}
+        finally:
+            Path(f.name).unlink(missing_ok=True)
+    return replace(profile, counters=counters)
 
 
 def _judge_starts(problem: Problem, cfg: OptimizeConfig, store: Store, run: Run, pool: Any,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kernelevolve.evaluate.result import Baseline, Result
+from kernelevolve.roofline import counters_html, roofline_svg
 from kernelevolve.rows import Node
 from kernelevolve.search.select import best_node
 from kernelevolve.store import Store
@@ -321,7 +322,8 @@ def render_report(view: dict) -> str:
     title = f"{problem.get('name') or 'problem'}: run {run.get('id')}"
     body = [_header(view), _summary(nodes), _screen(view.get("screen")), _baseline(view.get("baseline")),
             _llm(view.get("llm_usage"), run.get("config"), run.get("stop_reason")), _starts(view.get("starts")),
-            _profile(view.get("profile")),
+            _profile(view.get("profile")), roofline_svg(view.get("profile"), view.get("roofline_points") or []),
+            counters_html((view.get("profile") or {}).get("counters")),
             _chart(nodes, baseline.get("eager_ms")), _best(view.get("best")), _approvals(view.get("approvals")),
             _nodes(nodes),
             f"<h2>Problem source</h2>{_code(problem.get('source'))}"]
@@ -359,6 +361,7 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
         "best": _with_start_diff(_best_view(best, why, baseline, problem.source, history, run.stop_reason),
                                  history),
         "starts": _starts_view(history, best),
+        "roofline_points": _roofline_points(baseline, history, best),
         "phases": run.phases,
         "nodes": nodes,
         "screen": screen_summary(history),
@@ -475,6 +478,18 @@ def _with_start_diff(best: dict[str, Any], history: Sequence[Node]) -> dict[str,
     from kernelevolve.propose.start import diff_text
 
     return dict(best, start=root.meta["start"], diff=diff_text(root.source, node.source, root.meta["start"]))
+
+
+def _roofline_points(baseline: Baseline | None, history: Sequence[Node], best: Node | None) -> list[tuple[str, float]]:
+    """(label, ms) of the timed kernels the roofline plot places: eager, torch.compile, each start, the best."""
+    points = []
+    if baseline is not None:
+        points += [(label, t.median_ms) for label, t in (("eager", baseline.eager),
+                                                          ("torch.compile", baseline.compiled)) if t is not None]
+    points += [(f"start {n.meta['start']}", n.runtime_ms) for n in history if n.meta.get("start") and n.runtime_ms]
+    if best is not None and best.runtime_ms and not best.meta.get("start"):
+        points.append((f"best (node {best.id})", best.runtime_ms))
+    return points
 
 
 def _starts_view(history: Sequence[Node], best: Node | None) -> list[dict[str, Any]]:

@@ -215,3 +215,18 @@ def test_an_improve_prompt_places_the_parent_against_the_baselines_and_the_floor
     parent = replace(parent, result=replace(parent.result, speedup_eager=2.5, speedup_compile=1.25))
     p = build_prompt("improve", pin, parent=parent)
     assert "0.02 ms (2.50x eager, 1.25x torch.compile, 50% of the roofline floor's speed)" in p.user
+
+
+def test_the_hardware_counters_say_what_limits_the_kernel_a_step_starts_from(pin):
+    from dataclasses import replace
+
+    why = "memory-bound: DRAM 86% of peak, SM 31%, tensor pipes 0%"
+    counters = {"reference": {"kernels": [{"name": "gelu_kernel", "duration_us": 812.3, "why": why}]},
+                "start: mine.py": {"error": "ncu failed: no"}}
+    with_counters = replace(pin, profile=replace(pin.profile, counters=counters))
+    p = build_prompt("scratch", with_counters)
+    assert "## What limits the reference (hardware counters)" in p.user and f"gelu_kernel (812.3 us): {why}" in p.user
+    start = make_node(3, Result(Status.OK, "verified"), None, "start", meta={"start": "mine.py", "label": "s"},
+                      source=GOOD)
+    assert "What limits" not in build_prompt("improve", with_counters, parent=start).user  # its counters failed
+    assert "What limits" not in build_prompt("scratch", pin).user  # no counters read

@@ -143,6 +143,25 @@ def describe_profile(profile: Profile | None) -> str:
     return "\n".join(lines)
 
 
+def what_limits(profile: Profile | None, parent: Node | None) -> tuple[str, str] | None:
+    """(title, text) from the hardware counters ncu read for the step's parent (a start kernel, the best) or, for a
+    step from scratch, for the reference: each of its slowest kernels and the bound its counters name."""
+    counters = profile.counters if profile is not None else {}
+    if parent is None:
+        key, whose = "reference", "the reference"
+    elif parent.meta.get("start"):
+        key, whose = f"start: {parent.meta['start']}", "the candidate to start from"
+    else:
+        key, whose = f"best (node {parent.id})", "the candidate to start from"
+    got = counters.get(key) or {}
+    kernels = sorted(got.get("kernels") or [], key=lambda k: -(k.get("duration_us") or 0.0))[:3]
+    if not kernels:
+        return None
+    lines = [f"- {k['name']} ({k['duration_us']:.1f} us): {k['why']}" if k.get("duration_us") is not None
+             else f"- {k['name']}: {k['why']}" for k in kernels]
+    return f"What limits {whose} (hardware counters)", "\n".join(lines)
+
+
 def _hard_floor(profile: Profile | None) -> bool:
     """Whether the profile's floor is one no kernel can beat: from datasheet ceilings, not measured ones (a CPU op
     that fits in cache runs faster than a measured memory ceiling says)."""
@@ -314,6 +333,9 @@ def build_prompt(strategy: str, pin: PromptInputs, parent: Node | None = None,
                  for s in siblings]
         sections.append(Section("Attempts already made from this candidate", "\n".join(tried), 1))
     sections.append(Section("Profile of the reference", describe_profile(pin.profile), 2))
+    limits = what_limits(pin.profile, parent)
+    if limits:
+        sections.append(Section(limits[0], limits[1], 2))
     others = [b for b in best if parent is None or b.id != parent.id]
     if others:
         sections.append(Section("Fastest verified candidates so far", "\n".join(
