@@ -53,6 +53,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     cfg = optimize_config(args, _device(args))
     console = _console()
+    if args.resume and args.start:
+        console.print("note: --resume keeps the run's own start kernels; --start is for a new run", markup=False)
     store = Store(args.db)
     counts: dict[str, int] = {}
     run: dict[str, int] = {}
@@ -169,9 +171,13 @@ def start_files(paths: list[str]) -> tuple[dict[str, str], ...]:
     for path in map(Path, paths):
         if not path.is_file():
             raise UsageError(f"{path}: no such start file")
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"{path}: cannot read the start file: {e}") from None
         name = path.name if path.name not in names else f"{path.name}#{len(starts) + 1}"
         names.add(name)
-        starts.append({"name": name, "source": path.read_text()})
+        starts.append({"name": name, "source": source})
     return tuple(starts)
 
 
@@ -207,6 +213,8 @@ def _print_outcome(console: Any, outcome: Any, db: str) -> None:
         if r.timed and r.runtime_ms is not None:
             over = (f"; the best is {r.runtime_ms / best.runtime_ms:.2f}x faster than it" if best is not None
                     and best.timed and best.runtime_ms else "")
+            if best is not None and outcome.search.best is not None and outcome.search.best.id == node.id:
+                over = "; the best is the start kernel itself"
             console.print(f"start kernel {node.meta['start']}: {_fmt_ms(r.runtime_ms)} "
                           f"({_fmt_x(r.speedup_eager)} vs eager, {_fmt_x(r.speedup_compile)} vs torch.compile){over}",
                           markup=False)
@@ -270,6 +278,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     device = _device(args)
     problem = load_problem(args.problem, device)
+    if args.candidate and not args.ncu:
+        raise UsageError("--candidate goes with --ncu (the profile above is the reference's)")
     if args.candidate and not Path(args.candidate).is_file():
         raise UsageError(f"{args.candidate}: no such candidate file")
     print(f"problem {problem.name} ({problem.short_sha}); outputs {', '.join(problem.output_dtypes)}; "
@@ -285,8 +295,13 @@ def _print_counters(problem: Any, device: str, candidate: str | None) -> None:
     """The hardware-counter table of the reference (and of ``candidate``), or one line on why there is none."""
     from kernelevolve.counters import CountersError, diagnose, render
 
+    from kernelevolve.counters import ncu_path
+
     if device != "cuda":
         print("hardware counters: none on the CPU (ncu reads NVIDIA GPUs); the profile above stands")
+        return
+    if ncu_path() is None:
+        print("hardware counters: ncu is not on the PATH; the profile above stands")
         return
     import torch
 

@@ -242,10 +242,12 @@ def _judge_starts(problem: Problem, cfg: OptimizeConfig, store: Store, run: Run,
     if not cfg.starts:
         return []
     on_stage("judging the start kernels")
-    known = {n.meta.get("start"): n for n in store.nodes(run.id) if n.proposer == START and n.meta.get("start")}
+    # this run's own start nodes (a resumed run's), by name and source: never a kernel seeded from another run
+    known = {(n.meta["start"], n.sha): n for n in store.nodes(run.id)
+             if n.proposer == START and n.meta.get("start") and not n.meta.get("reused")}
     roots = []
     for start in cfg.starts:
-        node = known.get(start["name"])
+        node = known.get((start["name"], Candidate(start["source"]).sha))
         if node is None:
             cand = Candidate(start["source"], proposer=START, meta=Meta(label=f"start: {start['name']}",
                                                                         start=start["name"]))

@@ -91,7 +91,10 @@ def _timed_ok(nodes: list[dict]) -> list[dict]:
 def _header(view: dict) -> str:
     run, problem = view.get("run") or {}, view.get("problem") or {}
     versions = ", ".join(f"{k} {_e(run.get(f'{k}_version') or NONE)}" for k in ("kernelevolve", "torch", "triton"))
-    config = json.dumps(run.get("config") or {}, indent=2, sort_keys=True, default=str)
+    shown = dict(run.get("config") or {})
+    if shown.get("starts"):  # their sources are the start nodes' own, in the tree below
+        shown["starts"] = [s.get("name") for s in shown["starts"]]
+    config = json.dumps(shown, indent=2, sort_keys=True, default=str)
     return (f"<h1>{_e(problem.get('name') or 'problem')}: run {_e(run.get('id'))}</h1>"
             f'<p class="meta">device {_e(run.get("device"))} · status {_e(run.get("status"))} · '
             f"created {_e(run.get('created'))} · finished {_e(run.get('finished') or NONE)}<br>{versions}<br>"

@@ -19,7 +19,7 @@ def roofline_svg(prof: dict[str, Any] | None, points: list[tuple[str, float]], w
     """The problem on the device's roofline: x its arithmetic intensity (FLOP per byte it must move), y the FLOP/s
     each timed kernel (label, ms) reaches; the roof is min(peak bandwidth x intensity, peak compute). Where no FLOP
     is counted (memory-bound ops), y is the bandwidth each reaches against the peak instead."""
-    if not prof or not points or not prof.get("peak_bw"):
+    if not prof or not points or not prof.get("peak_bw") or not prof.get("peak_flops"):
         return ""
     flops, nbytes = prof.get("flops") or 0, prof.get("bytes") or 0
     if not nbytes:
@@ -31,13 +31,13 @@ def roofline_svg(prof: dict[str, Any] | None, points: list[tuple[str, float]], w
         peak = (prof["peak_flops"], prof["peak_bw"])
         values = [(label, flops / (ms / 1e3)) for label, ms in points if ms]
         xlo, xhi = min(x, prof["ridge"]) / 100, max(x, prof["ridge"]) * 100
-        ylo, yhi = min([v for _, v in values] + [peak[0]]) / 100, peak[0] * 2
+        ylo, yhi = min([v for _, v in values] + [peak[0]]) / 100, max([v for _, v in values] + [peak[0]]) * 2
         unit, axis = "FLOP/s", "arithmetic intensity (FLOP/byte)"
     else:
         x, peak = 1.0, (prof["peak_bw"], None)
         values = [(label, nbytes / (ms / 1e3)) for label, ms in points if ms]
         xlo, xhi = 0.1, 10.0
-        ylo, yhi = min([v for _, v in values] + [peak[0]]) / 10, peak[0] * 2
+        ylo, yhi = min([v for _, v in values] + [peak[0]]) / 10, max([v for _, v in values] + [peak[0]]) * 2
         unit, axis = "B/s", "(no FLOPs counted: bandwidth reached)"
     sx = lambda v: left + (math.log10(v) - math.log10(xlo)) / (math.log10(xhi) - math.log10(xlo)) * w  # noqa: E731
     sy = lambda v: top + h - (math.log10(v) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo)) * h  # noqa: E731

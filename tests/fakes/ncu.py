@@ -31,8 +31,8 @@ if mode == "perm":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters")
     sys.exit(1)
 if mode == "unknown-metric" and any(m.startswith("sm__pipe_tensor_op") for m in metrics):
-    bad = next(m for m in metrics if m.startswith("sm__pipe_tensor_op"))
-    print(f'==ERROR== Failed to find metric {bad}')
+    for bad in (m for m in metrics if m.startswith("sm__pipe_tensor_op")):  # each named, by its base name
+        print(f'==ERROR== Failed to find metric {bad.split(".")[0]}')
     sys.exit(1)
 run = subprocess.run(target if os.environ.get("FAKE_NCU_RUN_TARGET", "1") == "1" else ["true"], capture_output=True,
                      text=True)

@@ -52,7 +52,7 @@ def test_an_autotune_list_becomes_knobs_and_one_seed_per_configuration():
     assert [label for label, _ in seeds] == ["_kernel autotune config 0", "_kernel autotune config 1"]
     second = space.render(seeds[1][1])
     ast.parse(second)
-    assert 'configs=[triton.Config({"BLOCK": 256, "ROWS": 1}, num_warps=8, num_stages=3)]' in second
+    assert "configs=[triton.Config({'BLOCK': 256, 'ROWS': 1}, num_warps=8, num_stages=3)]" in second
     assert second.replace(second[second.index("configs="):second.index(", key=")], "") == \
         AUTOTUNED.replace(AUTOTUNED[AUTOTUNED.index("configs="):AUTOTUNED.index(", key=")], "")  # nothing else
 
@@ -111,3 +111,56 @@ def test_every_variant_parses(source):
     for k in space.knobs:
         for v in k.values:
             ast.parse(space.render(dict(space.default(), **{k.key: v})))
+
+
+def test_rewrites_land_on_the_right_bytes_whatever_the_text_around_them():
+    """ast counts columns in UTF-8 bytes and ends lines only at \\n and \\r: a non-ASCII string before a literal,
+    a form feed and a line separator inside a string must not shift an edit."""
+    src = LAUNCHED.replace("class ModelNew", 's = "ééé \\u2028 ⚡"\n\x0c\nclass ModelNew').replace(
+        "        _k[(1,)](x, x.numel()", "        t = 'ü'; _k[(1,)](x, x.numel()")
+    space = read_start(src)
+    warps = next(k for k in space.knobs if k.key.endswith(".num_warps"))
+    variant = space.render(dict(space.default(), **{warps.key: 16, "BLOCK_SIZE": 64}))
+    ast.parse(variant)
+    assert "num_warps=16, num_stages=2)" in variant and "BLOCK_SIZE = 64\n" in variant
+    assert variant.replace("num_warps=16", "num_warps=4").replace("BLOCK_SIZE = 64", "BLOCK_SIZE = 1024") == src
+
+
+def test_configs_with_booleans_none_and_positional_settings_are_rewritten_as_python():
+    src = AUTOTUNED.replace('triton.Config({"BLOCK": 64, "ROWS": 2}, num_warps=4)',
+                            'triton.Config({"BLOCK": 64, "ROWS": 2, "EVEN": True, "TAIL": None}, 4, 2)')
+    space = read_start(src)
+    (at,) = space.autotunes
+    assert at.configs[0] == {"BLOCK": 64, "ROWS": 2, "EVEN": True, "TAIL": None, "num_warps": 4, "num_stages": 2}
+    first = space.render(space.seeds()[0][1])
+    assert "'EVEN': True, 'TAIL': None}, num_warps=4, num_stages=2)]" in first
+    compile(first, "variant.py", "exec")
+
+
+def test_only_the_kernels_own_settings_are_tuned():
+    src = LAUNCHED.replace("_k[(1,)](x, x.numel(), BLOCK=BLOCK_SIZE", "_k[(1,)](x, n=64, BLOCK=BLOCK_SIZE")
+    src = src.replace("def _k(x_ptr, n, BLOCK", "def _k(x_ptr, n, BLOCK")
+    keys = [k.key for k in read_start(src).knobs]
+    assert not [k for k in keys if k.endswith(".n")]  # a runtime argument, not a setting
+    keyed = AUTOTUNED.replace('key=["n"]', 'key=["n", "ROWS"]').replace(
+        "    pass\n", "    pass\n\n\ndef run(x):\n    _kernel[(1,)](x, 8, ROWS=2)\n")
+    assert not [k for k in read_start(keyed).knobs if "@" in k.key]  # ROWS: the autotuner's to set, and its key
+
+
+def test_two_starts_take_turns_and_a_value_that_failed_is_not_tried_again():
+    from tests.propose.test_llm import EXAMPLE
+    from kernelevolve.problem import load_problem
+
+    problem = load_problem(EXAMPLE, "cpu")
+    a = _root(AUTOTUNED, 2.0)
+    b = make_node(2, a.result, None, "start", meta={"label": "start: other.py", "start": "other.py"}, source=LAUNCHED)
+    got = StartProposer("cuda", seed=0).propose(ProposalContext(problem, "cuda", None, [a, b]), 4)
+    assert [c.meta["root"] for c in got] == [1, 2, 1, 2]
+    space = read_start(LAUNCHED)
+    bad = dict(space.default(), BLOCK_SIZE=2048)
+    failed = make_node(3, Result(Status.INCORRECT, "wrong"), 2, "start", meta={"genome": bad, "root": 2},
+                       source=space.render(bad))
+    p = StartProposer("cuda", seed=1)
+    for _ in range(5):
+        for c in p.propose(ProposalContext(problem, "cuda", None, [b, failed]), 8):
+            assert c.meta["genome"]["BLOCK_SIZE"] != 2048, c.meta["label"]

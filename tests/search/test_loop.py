@@ -417,7 +417,7 @@ def test_a_reused_kernel_leaves_its_earlier_runs_call_and_reply_behind(store, pr
     class Replied(FakeProposer):
         def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
             out = super().propose(ctx, n)
-            return [Candidate(c.source, proposer=c.proposer, meta={"label": "m", "llm_call": 5,
+            return [Candidate(c.source, proposer=c.proposer, meta={"label": "m", "llm_call": 5, "start": "mine.py",
                                                                     "reply": "run1-001.reply.md"}) for c in out]
 
     search(store, new_run(store, problem), problem, Replied([src("fast", 2.0)]), max_evals=5)
@@ -426,3 +426,4 @@ def test_a_reused_kernel_leaves_its_earlier_runs_call_and_reply_behind(store, pr
     (seeded,) = store.nodes(run_id)
     assert seeded.meta["reused"] and seeded.meta["label"] == "m"
     assert "reply" not in seeded.meta and "llm_call" not in seeded.meta  # that run's verdict file stays that run's
+    assert "start" not in seeded.meta  # nor is it this run's start kernel

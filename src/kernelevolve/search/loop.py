@@ -5,6 +5,7 @@ the queue runs dry while evaluations are still in flight, so a slow proposer (a 
 overlap instead of taking turns."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -474,9 +475,12 @@ class _Loop:
         """Start a fresh run from the fastest kernels already verified for this problem on this device model (a
         baseline stored beside the run, or an earlier run's winners). They cost no evaluation, and the run can then
         never return something slower than what is already known."""
+        held = {n.sha for n in self.history}
         for known in self.store.fastest_known(self.problem.sha, self.device_key, KNOWN_SEEDS):
-            # the earlier run's call and reply file are that run's: its verdict file is not this run's to write
-            meta = {k: v for k, v in known.meta.items() if k not in ("llm_call", "reply")}
+            if hashlib.sha256(known.source.encode()).hexdigest() in held:  # a start kernel of this run, say
+                continue
+            # what made it that run's (its call and reply file, its start-file role) stays with that run
+            meta = {k: v for k, v in known.meta.items() if k not in ("llm_call", "reply", "start", "root")}
             cand = Candidate(known.source, proposer=known.proposer, language=known.language,
                              meta={**meta, "reused": True})
             node = self.add(cand)
