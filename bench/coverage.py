@@ -40,15 +40,17 @@ def meta_graph(path: Path, real: bool = False) -> Any:
 
     module = import_module_from_path(path, f"_coverage_{abs(hash(str(path)))}")
     errors = []
-    for device in ("meta",) + (("cpu",) if real else ()):
+    # fake tensors first; then the meta tensors themselves, which a tensor the forward makes (a constant, a plain
+    # attribute) can meet where a fake one cannot; then, with --real, the CPU at the problem's own sizes
+    for device, mode in [("meta", "fake"), ("meta", "real")] + ([("cpu", "fake")] if real else []):
         try:
-            with torch.device(device):
+            with torch.device(device):  # tensors the forward makes itself land beside the inputs
                 torch.manual_seed(0)
-                model = module.Model(*module.get_init_inputs()).eval()
+                model = module.Model(*module.get_init_inputs())  # in its constructed mode, as the judge runs it
                 inputs = list(module.get_inputs())
-            gm, names = _trace(model, inputs, "fake")
-        except Exception as e:  # record why, try the next device
-            errors.append(f"{device}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                gm, names = _trace(model, inputs, mode)
+        except Exception as e:  # record why, try the next way
+            errors.append(f"{device}/{mode}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
             continue
         _drop_dead(gm)
         meta = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in inputs]
@@ -80,7 +82,8 @@ def cover(path: Path, real: bool = False) -> dict[str, Any]:
     row.update(status="traced", ops=len(graph.calls()), seconds=round(time.monotonic() - t0, 2),
                regions=[{"family": r.match.family, "kind": r.match.kind, "ops": len(r.match.nodes)}
                         for r in plan.regions],
-               claimed_share=round(len(claimed) / max(1, len(graph.calls())), 3), unclaimed=dict(unclaimed))
+               claimed_share=round(len(claimed) / max(1, len(graph.calls())), 3), unclaimed=dict(unclaimed),
+               note=plan.error or "", skipped=plan.skipped)
     return row
 
 
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, path in enumerate(paths, 1):
         rows.append(cover(path, args.real))
         r = rows[-1]
-        what = ", ".join(f"{x['family']}" for x in r["regions"]) or "-"
+        what = ", ".join(f"{f} x{k}" if k > 1 else f for f, k in collections.Counter(
+            x["family"] for x in r["regions"]).items()) or "-"
         print(f"[{i}/{len(paths)}] {r['problem']}: {r['status']}; regions: {what}; unclaimed: "
               f"{', '.join(r['unclaimed']) or '-'}", flush=True)
     summary = summarize(rows)

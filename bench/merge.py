@@ -39,7 +39,7 @@ def refloor(stem: str, device_name: str) -> tuple[float, int]:
     path = suite.PROBLEMS / f"{stem}.py"
     problem = load_problem(path, "cpu")
     module = import_module_from_path(path, f"_merge_{stem}")
-    model, inputs = build_model(module, "Model", 0).eval(), make_inputs(module, 0)
+    model, inputs = build_model(module, "Model", 0), make_inputs(module, 0)
     with torch.no_grad(), prof._tf32(problem.allow_tf32):
         flops, matmul_share = prof._count_flops(model, inputs)
         outputs = as_outputs(model(*inputs))

@@ -38,6 +38,7 @@ STALLS = ("long_scoreboard", "short_scoreboard", "wait", "barrier", "mio_throttl
           "math_pipe_throttle", "not_selected", "dispatch_stall", "no_instruction", "membar", "branch_resolving",
           "tex_throttle", "drain", "sleeping", "imc_miss", "misc")
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+BOUNDS = ("memory", "compute", "latency", "occupancy", "launch")
 LAUNCH_US = 5.0  # a kernel this short is dominated by its launch and its ramp, whatever its counters say
 HIGH_PCT = 60.0  # a unit this busy bounds the kernel
 LOW_OCCUPANCY_PCT = 25.0
@@ -235,7 +236,7 @@ def _target(args: argparse.Namespace) -> int:
         if set(new.state_dict()) == set(model.state_dict()):
             new.load_state_dict(model.state_dict())
         model = new
-    model = model.to(args.device).eval()
+    model = model.to(args.device)  # in its constructed mode, as the judge runs it
     inputs = make_inputs(module, 1234, 0, args.device)
     cuda = args.device.startswith("cuda")
     with torch.no_grad():

@@ -250,6 +250,10 @@ _GUARD = {{tuple(tuple((tuple(s), d) if s != "scalar" else (s, d) for s, d in sh
 _STATE = [(name, tuple(shape), dtype) for name, shape, dtype in KERNELEVOLVE_EXPORT["state"]]
 _CAPABILITY = tuple(KERNELEVOLVE_EXPORT["capability"]) if KERNELEVOLVE_EXPORT["capability"] else None
 _SINGLE = KERNELEVOLVE_EXPORT["single_output"]
+# the module mode the kernel was verified in (the one the constructor leaves): a norm in training mode reads the
+# batch's statistics, in eval mode the running ones, so the other mode runs the reference
+_TRAINING = KERNELEVOLVE_EXPORT.get("training", False)
+_MUTATES = ("state",) if KERNELEVOLVE_EXPORT.get("mutated_state") else ()
 _kernels = {{}}
 _meta = []
 
@@ -267,11 +271,13 @@ def _state(module):
     return [t for _, t in module.named_parameters()] + [t for _, t in module.named_buffers()]
 
 
-def dispatches(inputs, state):
-    """Whether the kernel runs for these inputs and this state: verified (and faster) there, same device kind and
-    capability, inference only. Everything else runs the reference."""
+def dispatches(inputs, state, training=None):
+    """Whether the kernel runs for these inputs and this state (and module mode, when given): verified (and faster)
+    there, same device kind and capability, inference only. Everything else runs the reference."""
     tensors = [v for v in inputs if isinstance(v, torch.Tensor)] + list(state)
     if not APPROVED or _key(inputs) not in _GUARD or len(state) != len(_STATE) or not tensors:
+        return False
+    if training is not None and bool(training) != _TRAINING:
         return False
     if any((tuple(t.shape), str(t.dtype).removeprefix("torch.")) != (s, d) for t, (_, s, d) in zip(state, _STATE)):
         return False
@@ -299,13 +305,13 @@ def _inputs(tensors):
     return [next(it) if spec[0] != "scalar" else spec[1] for spec in KERNELEVOLVE_EXPORT["shapes"][0]["inputs"]]
 
 
-@torch.library.custom_op("kernelevolve::{op}", mutates_args=())
+@torch.library.custom_op("kernelevolve::{op}", mutates_args=_MUTATES)
 def {op}(tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
     device = (tensors or state)[0].device
     kernel = _kernels.get(device)
     if kernel is None:
         kernel = _kernels[device] = _import_source("kernel", _KERNEL_SOURCE).ModelNew(
-            *KERNELEVOLVE_EXPORT["init_inputs"]).to(device).eval()
+            *KERNELEVOLVE_EXPORT["init_inputs"]).to(device).train(_TRAINING)
     with torch.no_grad():
         outs = _bind(kernel, state)(*_inputs(tensors))
     outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
@@ -317,7 +323,7 @@ def {op}(tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.T
 def _(tensors, state):
     if not _meta:
         with torch.device("meta"):
-            _meta.append(Model(*KERNELEVOLVE_EXPORT["init_inputs"]).eval())
+            _meta.append(Model(*KERNELEVOLVE_EXPORT["init_inputs"]).train(_TRAINING))
     outs = _bind(_meta[0], state)(*_inputs(tensors))
     return [o.clone() for o in (outs if isinstance(outs, (tuple, list)) else [outs])]
 
@@ -328,7 +334,7 @@ class ModelNew(Model):
 
     def forward(self, *inputs):
         state = _state(self)
-        if dispatches(inputs, state):
+        if dispatches(inputs, state, self.training):
             outs = torch.ops.kernelevolve.{op}([v for v in inputs if isinstance(v, torch.Tensor)], state)
             return outs[0] if _SINGLE else tuple(outs)
         return super().forward(*inputs)
@@ -367,8 +373,8 @@ pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available
 
 def _pair():
     torch.manual_seed(0)
-    ref = mod.Model(*mod.get_init_inputs()).to(DEVICE).eval()
-    new = mod.ModelNew(*mod.get_init_inputs()).to(DEVICE).eval()
+    ref = mod.Model(*mod.get_init_inputs()).to(DEVICE).train(mod._TRAINING)
+    new = mod.ModelNew(*mod.get_init_inputs()).to(DEVICE).train(mod._TRAINING)
     new.load_state_dict(ref.state_dict())
     return ref, new
 
@@ -396,7 +402,7 @@ def test_the_kernel_runs_where_it_was_verified():
     ref, new = _pair()
     inputs = [v.to(DEVICE) if isinstance(v, torch.Tensor) else v for v in mod.get_inputs()]
     with torch.no_grad():
-        expected = mod.dispatches(inputs, mod._state(new))
+        expected = mod.dispatches(inputs, mod._state(new), new.training)
     assert expected == (mod.APPROVED and any(s["verdict"] in mod.KERNELEVOLVE_EXPORT["dispatch"]
                                              for s in mod.KERNELEVOLVE_EXPORT["shapes"][:1]))
 '''
@@ -462,6 +468,7 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
               "label": node.label,
               "approved": {"by": approval.approved_by, "at": approval.created, "note": approval.note},
               "init_inputs": init, "state": state, "single_output": isinstance(outputs, torch.Tensor),
+              "training": bool(model.training), "mutated_state": _mutated_state(problem, model),
               "shapes": shapes, "dispatch": list(dispatch),
               "speedup": shapes[0].get("speedup") if shapes else None,
               "versions": versions(), "created": dt.date.today().isoformat(), "aoti_package": None}
@@ -481,6 +488,17 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
     test = out.with_name(f"test_{out.stem}.py")
     test.write_text(TEST.format(module=out.stem))
     return out, test
+
+
+def _mutated_state(problem: Problem, model: torch.nn.Module) -> list[str]:
+    """The state the reference writes in place on each call (a norm's running statistics in training mode), from its
+    captured graph; where it cannot be captured, every buffer of a module in training mode."""
+    try:
+        from kernelevolve.analyze.graph import capture
+
+        return capture(problem).mutated_state()
+    except Exception:  # a graph that does not trace: assume the worst
+        return [n for n, _ in model.named_buffers()] if model.training else []
 
 
 def _trace_on_meta(module: Any) -> tuple[torch.nn.Module, Any]:
@@ -513,7 +531,7 @@ def build_aoti(problem: Problem, node: Node, device: str, path: Path) -> Path:
     if node.proposer != "inductor":
         raise ExportError(f"--aoti is for Inductor candidates; node {node.id} comes from {node.proposer}")
     module = import_module_from_path(problem.path, f"_ke_aoti_{problem.short_sha}")
-    model = build_model(module, "Model", 0).to(device).eval()
+    model = build_model(module, "Model", 0).to(device)  # in its constructed mode, as it was judged
     inputs = tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in make_inputs(module, 0))
     options = {k: v for k, v in (node.meta.get("options") or {}).items() if k != "triton.cudagraphs"}
     with torch.no_grad():

@@ -91,7 +91,7 @@ def profile_problem(problem: Problem, device: str = "cpu", measure_ceilings: boo
     """Run the problem's reference on ``device`` and place it on that device's roofline."""
     kind = _device_kind(device)
     module = import_module_from_path(problem.path, f"_ke_profile_{problem.short_sha}")
-    model = build_model(module, "Model", 0).to(device).eval()
+    model = build_model(module, "Model", 0).to(device)  # in its constructed mode, as the judge times it
     inputs = to_device(make_inputs(module, 0), device)
     notes: list[str] = []
     with torch.no_grad(), _tf32(problem.allow_tf32):

@@ -52,6 +52,19 @@ class CapturedGraph:
     def ops(self) -> list[str]:
         return [op_name(n) for n in self.calls()]
 
+    def mutated_state(self) -> list[str]:
+        """The state_dict names the forward writes in place (running statistics of a norm in training mode)."""
+        state = dict(zip(self.placeholders(), self.state_names))
+        out = []
+        for n in self.calls():
+            schema = getattr(n.target, "_schema", None)
+            if schema is None or not schema.is_mutable:
+                continue
+            for a, arg in zip(n.args, schema.arguments):
+                if arg.alias_info is not None and arg.alias_info.is_write and a in state and state[a] not in out:
+                    out.append(state[a])
+        return out
+
 
 def op_name(node: fx.Node) -> str:
     """``aten.add.Tensor`` -> ``add``; ``operator.getitem`` -> ``getitem``."""
@@ -165,7 +178,9 @@ def _decompositions() -> dict[Any, Callable]:
     table.update(get_decompositions([aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.softmax.int,
                                      aten.log_softmax.int, aten.layer_norm, aten.rms_norm, aten.linalg_vector_norm,
                                      aten.logsumexp, aten.silu, aten.hardswish, aten.mish, aten.addcmul,
-                                     aten.native_group_norm]))
+                                     aten.native_group_norm, aten.native_batch_norm,
+                                     aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+                                     aten._native_batch_norm_legit_functional]))
     for op in (aten.mean.dim, aten.mean.default):
         table[op] = _mean
     table[aten.var_mean.correction] = _var_mean
@@ -202,9 +217,11 @@ def _trace(model: torch.nn.Module, inputs: list[Any], mode: str) -> tuple[fx.Gra
 
 
 def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_seed: int | None = None) -> CapturedGraph:
-    """Trace ``problem``'s Model on the CPU (fake tensors first, real ones if the graph depends on data)."""
+    """Trace ``problem``'s Model on the CPU (fake tensors first, real ones if the graph depends on data), in the mode
+    its constructor leaves it, as the judge runs it: a module in training mode normalizes a batch by its own
+    statistics (and updates the running ones), where the same module in eval mode would read the running ones."""
     module = import_module_from_path(problem.path, f"_kernelevolve_capture_{problem.short_sha}")
-    model = build_model(module, "Model", init_seed).eval()
+    model = build_model(module, "Model", init_seed)
     inputs = make_inputs(module, seed=init_seed + 1 if input_seed is None else input_seed, shape_index=shape_index)
     errors: list[str] = []
     for mode in ("fake", "real"):
@@ -212,6 +229,11 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_se
             gm, names = _trace(model, inputs, mode)
         except Exception as e:  # any tracing failure: try the next mode, report all of them
             errors.append(f"{mode}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        if mode == "fake" and _sizes_from_data(gm):
+            # a size only the values decide (repeat_interleave's output, a jagged total, nonzero): the real trace
+            # gives this draw's sizes, and dynamic_dims tells which of them vary
+            errors.append("fake: sizes depend on the data")
             continue
         _drop_dead(gm)
         input_meta = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in inputs]
@@ -234,6 +256,19 @@ def dynamic_dims(problem: Problem, seeds: tuple[int, ...] = (1, 2, 3)) -> tuple[
                 dims.setdefault(i, set()).update(d for d in range(len(a)) if a[d] != b[d])
                 other = seed if other is None else other
     return dims, other
+
+
+def _sizes_from_data(gm: fx.GraphModule) -> bool:
+    """Whether a traced value's shape holds a size no input's shape decides (an unbacked symbol)."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    except ImportError:
+        return False
+    for node in gm.graph.nodes:
+        for v in torch.utils._pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, torch.Tensor) and free_unbacked_symbols(v):
+                return True
+    return False
 
 
 def _drop_dead(gm: fx.GraphModule) -> None:

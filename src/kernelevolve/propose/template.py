@@ -49,10 +49,16 @@ class Plan:
     # of its guard only when it renders to the same file from both
     dynamic: dict[int, set[int]] = field(default_factory=dict)
     alt: "Plan | None" = None
+    skipped: list[str] = field(default_factory=list)  # families that could not handle the graph, and why
 
     def describe(self) -> list[RegionInfo]:
         return [RegionInfo(key=r.key, family=r.match.family, kind=r.match.kind, nodes=len(r.match.nodes))
                 for r in self.regions]
+
+
+# ATen ops past which a graph is not analysed: the families' matching grows faster than linearly, and a graph this
+# large is an unrolled loop (a 6-layer LSTM over 512 steps traces to tens of thousands of ops) that no template covers
+MAX_GRAPH_OPS = 5000
 
 
 def _claim(graph: Any, problem: Any, device: str) -> Plan:
@@ -61,12 +67,17 @@ def _claim(graph: Any, problem: Any, device: str) -> Plan:
 
     taken: set[Any] = set()
     plan = Plan(graph, problem.source)
+    if len(graph.calls()) > MAX_GRAPH_OPS:
+        plan.error = (f"the graph has {len(graph.calls())} ATen ops, more than the template library analyses "
+                      f"({MAX_GRAPH_OPS}): an unrolled loop, left to the other proposers")
+        return plan
     for family in FAMILIES:
         t = family.template()
         try:
             found = t.find(graph, taken)
-        except Exception as e:  # a family's matcher must not take the whole proposer down
-            log.warning("template family %s failed to match: %s: %s", t.family, type(e).__name__, e)
+        except Exception as e:  # a family that cannot handle this graph says so; the others go on
+            log.debug("template family %s cannot handle this graph: %s: %s", t.family, type(e).__name__, e)
+            plan.skipped.append(f"{t.family}: {type(e).__name__}: {str(e)[:200]}")
             continue
         for m in found:
             if taken & set(m.nodes):

@@ -123,7 +123,9 @@ class PointwiseTemplate:
         env: dict[fx.Node, str] = {}
         for k, node in enumerate(match.inputs):
             off = offset_expr(sizes, merged[k], "offs")
-            lines.append(f"in{k} = tl.load(in{k}_ptr + {off}, mask=mask).to({load_type(node)})")
+            # an operand broadcast along every dimension is one scalar: it takes no block mask
+            where = ", mask=mask" if "offs" in off else ""
+            lines.append(f"in{k} = tl.load(in{k}_ptr + {off}{where}).to({load_type(node)})")
             env[node] = f"in{k}"
         env = emit(match.nodes, env, lines)
         outs = []

@@ -48,7 +48,7 @@ def _match(graph: CapturedGraph, pv: fx.Node, used: set[fx.Node]) -> Match:
     _score_graph(reg, used, zmn)
     if reg.mode == "pointwise" and all(_scale(n) or op_name(n) in CASTS | SAME for n in reg.main):
         raise _NoMatch("a plain chain of matmuls")
-    dims = _s_dims(reg, *zmn)
+    dims = _s_dims(reg, *zmn, kd)
     s_shape, s_strides, qdim, kdim, _ = dims
     if (kd is not None and kd % len(s_shape) != kdim) or list(shape(reg.x)) != s_shape:
         raise _NoMatch("softmax over another dim than the keys")

@@ -186,12 +186,17 @@ def _prune(reg: _Region) -> None:
     reg.leaves = leaves
 
 
-def _s_dims(reg: _Region, z: int, m: int, n: int) -> tuple[list[int], list[int], int | None, int, list[int]]:
-    """Shape/strides of the score tensor over the bmm output, its query and key dims, batch dims in z order."""
+def _s_dims(reg: _Region, z: int, m: int, n: int,
+            reduced: int | None = None) -> tuple[list[int], list[int], int | None, int, list[int]]:
+    """Shape/strides of the score tensor over the bmm output, its query and key dims, batch dims in z order.
+    A single key leaves no dim to find by its size: it is the one the softmax reduces (``reduced``), else the last."""
     t = torch.empty((z, m, n), device="meta")
     for p in reg.prefix:
         t = _apply(p, t)
     qdim = kdim = None
+    if n == 1:
+        last = (reduced if reduced is not None else -1) % t.dim()
+        kdim = last if t.shape[last] == 1 else None
     batch = []
     for d, (size, st) in enumerate(zip(t.shape, t.stride())):
         if size == 1:

@@ -87,12 +87,13 @@ def _from_lengths(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Nod
 
 
 def _from_offsets(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Node, bool, list[fx.Node]] | None:
-    """``searchsorted(offsets, arange(N), right=True) - 1`` (or ``bucketize``): the bag of every position, sorted by
-    construction, so the offsets are the bags. Returns the offsets, whether they also hold the end of the last bag
-    (one more offset than bags), and the nodes that built the ids."""
-    if op_name(ids) != "sub" or len(ids.args) != 2 or ids.args[1] != 1 or ids.kwargs.get("alpha", 1) != 1:
-        return None
-    found, name = ids.args[0], op_name(ids.args[0])
+    """``searchsorted(offsets, arange(N), right=True) - 1`` (or ``bucketize``), or the same search among the bags'
+    ends, ``searchsorted(offsets[1:], arange(N), right=True)``: the bag of every position, sorted by construction, so
+    the offsets are the bags. Returns the offsets, whether they also hold the end of the last bag (one more offset
+    than bags), and the nodes that built the ids."""
+    minus_one = op_name(ids) == "sub" and len(ids.args) == 2 and ids.args[1] == 1 and ids.kwargs.get("alpha", 1) == 1
+    found = ids.args[0] if minus_one else ids
+    name = op_name(found) if isinstance(found, fx.Node) else ""
     if name not in ("searchsorted", "bucketize") or len(shape(ids)) != 1:
         return None
     b = bind(found)
@@ -104,12 +105,21 @@ def _from_offsets(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Nod
     if not right or not isinstance(offsets, fx.Node) or len(shape(offsets)) != 1:
         return None
     value = const_value(pos, gm)
-    n_off = shape(offsets)[0]
     if value is None or not torch.equal(value, torch.arange(shape(ids)[0], dtype=value.dtype)):
         return None
+    built = ancestors_within(pos, set()) + [found] + ([ids] if minus_one else [])
+    if not minus_one:  # searched among the ends: the offsets are what the ends were sliced from, the last end too
+        ends = offsets
+        if op_name(ends) != "slice" or _slice_range(ends, ends.args[0]) != range(1, shape(ends.args[0])[0]):
+            return None
+        offsets = ends.args[0]
+        if n_bags != shape(offsets)[0] - 1:
+            return None
+        return offsets, True, built + ([ends] if len(ends.users) == 1 else [])
+    n_off = shape(offsets)[0]
     if n_bags not in (n_off, n_off - 1):
         return None
-    return offsets, n_bags == n_off - 1, ancestors_within(pos, set()) + [found, ids]
+    return offsets, n_bags == n_off - 1, built
 
 
 def _slice_range(node: Any, source: fx.Node) -> range | None:
