@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python3 bench/kernelbench.py --level 1 --judge-only --json bench/results/kb-l1-judge.json
     PYTHONPATH=src python3 bench/kernelbench.py --problems 19_ReLU 2_Standard --budget-s 60 --json out/kb.json
+    PYTHONPATH=src python3 bench/kernelbench.py --level 1 2 --matched bench/results/2026-12-02-kernelbench-coverage.json
 
 The problems are read in place from ../shared/kernelbench (``--root``), at the sizes KernelBench sets. Every row is
 written to the JSON as soon as its problem finishes, and a run started again with the same ``--json`` skips the
@@ -63,6 +64,21 @@ def select_problems(root: Path, levels: list[int], names: list[str] | None) -> l
             raise KernelBenchError(f"no problem of level(s) {levels} matches {name!r}")
         chosen += [p for p in hits if p not in chosen]
     return chosen
+
+
+def matched_problems(paths: list[Path], coverage: Path, families: list[str] | None = None) -> list[Path]:
+    """Those of ``paths`` that a template family matches in a coverage table (bench/coverage.py --json), with at least
+    one region of ``families`` when given."""
+    try:
+        rows = {r["problem"]: r for r in json.loads(coverage.read_text())["rows"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise KernelBenchError(f"{coverage}: not a coverage table ({type(e).__name__}: {e})") from e
+    keep = []
+    for p in paths:
+        regions = rows.get(problem_id(p), {}).get("regions") or []
+        if regions and (not families or any(r.get("family") in families for r in regions)):
+            keep.append(p)
+    return keep
 
 
 # --- judge-only: the three baselines as candidates ----------------------------------------------------------------------
@@ -275,6 +291,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="the KernelBench folder (levelN/*.py)")
     ap.add_argument("--level", type=int, nargs="+", default=[1])
     ap.add_argument("--problems", nargs="+", help="stems, stem prefixes, numbers or levelN/stem")
+    ap.add_argument("--matched", type=Path, metavar="COVERAGE_JSON",
+                    help="keep only the problems a template family matches in this table (bench/coverage.py --json)")
+    ap.add_argument("--families", nargs="+", help="with --matched: only problems with a region of these families")
+    ap.add_argument("--limit", type=int, help="at most this many problems, in order")
     ap.add_argument("--device", choices=("cuda", "cpu"))
     ap.add_argument("--judge-only", action="store_true", help="judge eager, torch.compile and max-autotune only")
     ap.add_argument("--max-eager-ms", type=float, default=100.0,
@@ -307,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir, args.json = args.out_dir.resolve(), args.json.resolve()
     try:
         paths = select_problems(args.root.resolve(), args.level, args.problems)
+        if args.matched:
+            paths = matched_problems(paths, args.matched, args.families)
+        elif args.families:
+            raise KernelBenchError("--families needs --matched")
+        paths = paths[:args.limit] if args.limit is not None else paths
     except KernelBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

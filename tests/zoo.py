@@ -72,6 +72,11 @@ FORMULATIONS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "row_sum_einsum": (SOFTMAX, "def forward(self, x):\n    return torch.einsum('ij->i', x)", "[x({R}, {C})]", F32),
     "row_max_values": (SOFTMAX, "def forward(self, x):\n    return x.max(dim=-1).values + x.min(dim=-1).values",
                        "[x({R}, {C})]", F32),
+    "row_sum_matmul_ones": (SOFTMAX, "def forward(self, x):\n    return (x @ torch.ones(x.shape[1], 1, dtype=x.dtype)).squeeze(1)",
+                            "[x({R}, {C})]", F32),
+    "row_amax_no_keepdim": (SOFTMAX, "def forward(self, x):\n    return torch.amax(x, dim=1) * 2.0", "[x({R}, {C})]", FLOATS),
+    "column_sum_einsum": ("column_reduction", "def forward(self, x):\n    return torch.einsum('ij->j', x)",
+                          "[x({C}, {R})]", F32),
     "column_sum": ("column_reduction", "def forward(self, x):\n    return x.sum(dim=0)", "[x({C}, {R})]", F32),
     "column_mean": ("column_reduction", "def forward(self, x):\n    return torch.mean(x, 0, keepdim=True)",
                     "[x({C}, {R})]", F32),
@@ -120,6 +125,28 @@ FORMULATIONS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
                              "    ids = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)\n"
                              "    out = torch.zeros(lengths.numel(), v.shape[1], dtype=v.dtype)\n"
                              "    return out.index_put((ids,), v, accumulate=True)", "JAGGED_LENGTHS", F32),
+    "jagged_sum_lengths": ("segment_reduction", "def forward(self, v, lengths):\n"
+                           "    return torch.segment_reduce(v, 'sum', lengths=lengths)", "JAGGED_LENGTHS", F32),
+    "jagged_sum_bucketize": ("segment_reduction", "def forward(self, v, offsets):\n"
+                             "    ids = torch.bucketize(torch.arange(v.shape[0]), offsets[1:], right=True)\n"
+                             "    out = torch.zeros(offsets.numel() - 1, v.shape[1], dtype=v.dtype)\n"
+                             "    return out.index_add(0, ids, v)", "JAGGED_OFFSETS", F32),
+    "jagged_mean_scatter_reduce": ("segment_reduction", "def forward(self, v, lengths):\n"
+                                   "    ids = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)\n"
+                                   "    out = torch.zeros(lengths.numel(), v.shape[1], dtype=v.dtype)\n"
+                                   "    idx = ids.unsqueeze(1).expand(-1, v.shape[1])\n"
+                                   "    return out.scatter_reduce(0, idx, v, 'mean', include_self=False)",
+                                   "JAGGED_LENGTHS", F32),
+    "jagged_mean_bincount": ("segment_reduction", "def forward(self, v, lengths):\n"
+                             "    ids = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)\n"
+                             "    out = torch.zeros(lengths.numel(), v.shape[1], dtype=v.dtype).index_add_(0, ids, v)\n"
+                             "    n = torch.bincount(ids, minlength=lengths.numel()).clamp(min=1)\n"
+                             "    return out / n.unsqueeze(1).to(v.dtype)", "JAGGED_LENGTHS", F32),
+    "jagged_sum_cumsum_offsets": ("segment_reduction", "def forward(self, v, lengths):\n"
+                                  "    offsets = torch.cumsum(lengths, 0)\n"
+                                  "    ids = torch.searchsorted(offsets, torch.arange(v.shape[0]), right=True)\n"
+                                  "    out = v.new_zeros(lengths.numel(), v.shape[1])\n"
+                                  "    return out.index_add_(0, ids, v)", "JAGGED_LENGTHS", F32),
     "jagged_mean_searchsorted": ("segment_reduction", "def forward(self, v, offsets):\n"
                                  "    pos = torch.arange(v.shape[0])\n"
                                  "    ids = torch.searchsorted(offsets[1:], pos, right=True)\n"

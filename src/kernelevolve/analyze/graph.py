@@ -158,12 +158,25 @@ def _min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Te
 
 def _merged(op: Callable) -> Callable:
     """A reduction over several adjacent dims becomes one over a single merged dim (group norm, mean over H and W),
-    which the reduction template handles; other forms trace unchanged."""
+    which the reduction template handles; one over dims apart (a batch norm's N, H and W) becomes one such reduction
+    per run of adjacent dims, innermost first; other forms trace unchanged."""
 
     def reduce(x: torch.Tensor, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
         dims = sorted(_dims(x, dim)) if dim not in (None, []) else []
-        if len(dims) < 2 or dims != list(range(dims[0], dims[-1] + 1)) or kwargs:
+        if len(dims) < 2 or kwargs:
             return NotImplemented
+        if dims != list(range(dims[0], dims[-1] + 1)):
+            # dims apart (a batch norm's N, H and W): the innermost run of adjacent dims first, then the next one
+            runs: list[list[int]] = []
+            for d in dims:
+                if runs and d == runs[-1][-1] + 1:
+                    runs[-1].append(d)
+                else:
+                    runs.append([d])
+            out = x
+            for run in reversed(runs):
+                out = reduce(out, run, True) if len(run) > 1 else op(out, run, True)
+            return out if keepdim else out.view([s for i, s in enumerate(x.shape) if i not in dims])
         flat = x.flatten(dims[0], dims[-1])
         out = op(flat, [dims[0]], keepdim)
         return out.view(list(x.shape[:dims[0]]) + [1] * len(dims) + list(x.shape[dims[-1] + 1:])) if keepdim else out
@@ -213,7 +226,65 @@ def _trace(model: torch.nn.Module, inputs: list[Any], mode: str) -> tuple[fx.Gra
     values = [state[n].detach() for n in names]
     with torch.no_grad():
         gm = make_fx(f, decomposition_table=_decompositions(), tracing_mode=mode)(values, *inputs)
+        if any(_rewrite(n) is not None for n in gm.graph.nodes):
+            # once more through an interpreter that writes the same values in the normal form
+            gm = make_fx(lambda tensors, *args: _NormalForm(gm).run(tensors, *args),
+                         decomposition_table=_decompositions(), tracing_mode=mode)(values, *inputs)
     return gm, names
+
+
+# ---- rewrites into the normal form: the same values, spelled the way the templates read them ---------------------------
+_REDUCTIONS = {"sum": torch.sum, "amax": torch.amax, "amin": torch.amin}
+
+
+def _ones(node: Any) -> bool:
+    return isinstance(node, fx.Node) and op_name(node) == "full" and len(node.args) >= 2 and node.args[1] == 1 \
+        and not isinstance(node.args[1], bool)
+
+
+def _rewrite(node: fx.Node) -> Callable[[dict[fx.Node, Any]], Any] | None:
+    """How to compute ``node`` in the normal form from the values of the nodes before it, or None where it already
+    is: a reduction over a permuted tensor reduces the tensor itself (``einsum('ij->j')`` is a column sum), and a
+    product with a tensor of ones is a sum (``x @ ones(K, 1)``)."""
+    if node.op != "call_function":
+        return None
+    name = op_name(node)
+    if name in _REDUCTIONS and len(node.args) >= 2 and not node.kwargs and isinstance(node.args[0], fx.Node) \
+            and op_name(node.args[0]) == "permute" and len(node.args[0].users) == 1:
+        src, perm = node.args[0].args[0], [int(d) for d in node.args[0].args[1]]
+        rank = len(perm)
+        dims = sorted(d % rank for d in ([node.args[1]] if isinstance(node.args[1], int) else node.args[1]))
+        keepdim = bool(node.args[2]) if len(node.args) > 2 else False
+        if not dims:
+            return None
+        kept = [perm[d] for d in range(rank) if d not in dims]
+        if kept != sorted(kept):  # the remaining dims would come out reordered: leave it be
+            return None
+        orig = sorted(perm[d] for d in dims)
+        out_shape = list(shape(node))
+        op = _REDUCTIONS[name]
+        return lambda env: op(env[src], orig, False).reshape(out_shape) if keepdim else op(env[src], orig, False)
+    if name == "mm" and len(node.args) == 2:
+        a, b = node.args
+        if _ones(b):
+            return lambda env: torch.sum(env[a], [1], keepdim=True).expand(shape(node))
+        if _ones(a):
+            return lambda env: torch.sum(env[b], [0], keepdim=True).expand(shape(node))
+    if name == "mv" and len(node.args) == 2 and _ones(node.args[1]):
+        a = node.args[0]
+        return lambda env: torch.sum(env[a], [1])
+    return None
+
+
+class _NormalForm(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm, garbage_collect_values=False)  # a rewrite reads values from before their last use
+
+    def run_node(self, n: fx.Node) -> Any:
+        how = _rewrite(n)
+        if how is None:
+            return super().run_node(n)
+        return how(self.env)
 
 
 def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_seed: int | None = None) -> CapturedGraph:

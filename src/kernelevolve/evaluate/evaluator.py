@@ -41,6 +41,9 @@ SYNC_ALLOWANCE_MS = {"cuda-events": 1.0, "perf_counter": 0.0}
 SIDE_STREAM_MS, SIDE_STREAM_FRAC = 0.1, 0.5
 # Timed repetitions whose outputs are checked, at positions the child learns only when timing starts.
 CHECKED_REPS = 2
+# Fresh draws the ghost run (Triton kernels disabled) gets to be wrong on: one where the output needs no kernel (an
+# empty jagged batch) cannot tell an honest candidate from a ghost, so one wrong draw of these clears it.
+GHOST_DRAWS = 4
 # What reading a header with missing or ill-typed fields raises.
 _MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError)
 
@@ -320,12 +323,16 @@ class Evaluator:
             raise _Verdict(Status.INCORRECT, f"{what}: {reason}")
         return header
 
-    def _ghost(self, child: Child, gpu: int | None) -> None:
-        header, blob, ref = self._output(child, {"cmd": "ghost", "seed": fresh_seed(), "shape": 0}, gpu)
-        if header.get("ghost_error"):
-            return
-        if self._compare(ref, _load_tensors(header, blob, _device_of(ref))) is None:
-            raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
+    def _ghost(self, child: Child, gpu: int | None, draws: int = GHOST_DRAWS) -> None:
+        """With its Triton kernels disabled, the candidate must be wrong on at least one of ``draws`` fresh draws: a
+        draw whose output needs no kernel at all (an empty jagged batch) cannot tell an honest kernel from none."""
+        for _ in range(draws):
+            header, blob, ref = self._output(child, {"cmd": "ghost", "seed": fresh_seed(), "shape": 0}, gpu)
+            if header.get("ghost_error"):
+                return
+            if self._compare(ref, _load_tensors(header, blob, _device_of(ref))) is not None:
+                return
+        raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
 
     def _timed(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
         """Receive one timed loop; add the parent's own clock reading of it as ``parent_wall_s``."""

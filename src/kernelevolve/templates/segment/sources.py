@@ -70,7 +70,14 @@ def _segment_ids(index: fx.Node, n_rows: int) -> tuple[fx.Node, list[fx.Node]] |
 
 
 def _from_lengths(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node]] | None:
-    """``repeat_interleave(lengths)`` (possibly through ``arange(S)[...]``): sorted ids, bags given by lengths."""
+    """``repeat_interleave(lengths)`` (possibly through ``arange(S)[...]``), or the search among the bags' ends
+    ``searchsorted(cumsum(lengths), arange(N), right=True)`` (or ``bucketize``): sorted ids, bags given by lengths."""
+    ends = _ends_search(ids, gm)
+    if ends is not None and op_name(ends[0]) == "cumsum" and len(shape(ends[0])) == 1 \
+            and bind(ends[0])["dim"] in (0, -1) and shape(ends[0]) == (n_bags,) and len(ends[0].users) == 1:
+        lengths = ends[0].args[0]
+        if isinstance(lengths, fx.Node) and shape(lengths) == (n_bags,):
+            return lengths, ends[1] + [ends[0]]
     nodes = []
     if op_name(ids) == "index_select" and ids.args[1] == 0:
         base = const_value(ids.args[0], gm)
@@ -86,28 +93,38 @@ def _from_lengths(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Nod
     return lengths, nodes + [ids]
 
 
+def _ends_search(ids: fx.Node, gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node]] | None:
+    """(the sorted ends, the nodes that built the ids) of ``searchsorted(ends, arange(N), right=True)`` (or
+    ``bucketize``)."""
+    name = op_name(ids) if isinstance(ids, fx.Node) else ""
+    if name not in ("searchsorted", "bucketize") or len(shape(ids)) != 1:
+        return None
+    b = bind(ids)
+    if name == "searchsorted":
+        ends, pos = b["sorted_sequence"], b["self"]
+        right = (b["right"] or b.get("side") == "right") and b.get("sorter") is None
+    else:
+        ends, pos, right = b["boundaries"], b["self"], b["right"]
+    if not right or not isinstance(ends, fx.Node) or len(shape(ends)) != 1:
+        return None
+    value = const_value(pos, gm)
+    if value is None or not torch.equal(value, torch.arange(shape(ids)[0], dtype=value.dtype)):
+        return None
+    return ends, ancestors_within(pos, set()) + [ids]
+
+
 def _from_offsets(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Node, bool, list[fx.Node]] | None:
     """``searchsorted(offsets, arange(N), right=True) - 1`` (or ``bucketize``), or the same search among the bags'
     ends, ``searchsorted(offsets[1:], arange(N), right=True)``: the bag of every position, sorted by construction, so
     the offsets are the bags. Returns the offsets, whether they also hold the end of the last bag (one more offset
     than bags), and the nodes that built the ids."""
     minus_one = op_name(ids) == "sub" and len(ids.args) == 2 and ids.args[1] == 1 and ids.kwargs.get("alpha", 1) == 1
-    found = ids.args[0] if minus_one else ids
-    name = op_name(found) if isinstance(found, fx.Node) else ""
-    if name not in ("searchsorted", "bucketize") or len(shape(ids)) != 1:
+    if len(shape(ids)) != 1:
         return None
-    b = bind(found)
-    if name == "searchsorted":
-        offsets, pos = b["sorted_sequence"], b["self"]
-        right = (b["right"] or b.get("side") == "right") and b.get("sorter") is None
-    else:
-        offsets, pos, right = b["boundaries"], b["self"], b["right"]
-    if not right or not isinstance(offsets, fx.Node) or len(shape(offsets)) != 1:
+    search = _ends_search(ids.args[0] if minus_one else ids, gm)
+    if search is None:
         return None
-    value = const_value(pos, gm)
-    if value is None or not torch.equal(value, torch.arange(shape(ids)[0], dtype=value.dtype)):
-        return None
-    built = ancestors_within(pos, set()) + [found] + ([ids] if minus_one else [])
+    offsets, built = search[0], search[1] + ([ids] if minus_one else [])
     if not minus_one:  # searched among the ends: the offsets are what the ends were sliced from, the last end too
         ends = offsets
         if op_name(ends) != "slice" or _slice_range(ends, ends.args[0]) != range(1, shape(ends.args[0])[0]):
@@ -132,8 +149,13 @@ def _slice_range(node: Any, source: fx.Node) -> range | None:
 
 def _counts(spec: dict, roles: dict, nodes: list[fx.Node]) -> list[list[fx.Node]]:
     """Per-bag values the graph computes beside the pooling that equal ``end - start`` of each bag: the
-    ``bincount(ids, minlength=S)`` of offset-built ids, or ``offsets[1:] - offsets[:-1]`` (``diff``) when the offsets
-    hold the last end. Each is [count node, the nodes under it]; in the kernel they are ``n``."""
+    ``bincount(ids, minlength=S)`` of offset-built or length-built ids, or ``offsets[1:] - offsets[:-1]`` (``diff``)
+    when the offsets hold the last end. Each is [count node, the nodes under it]; in the kernel they are ``n``."""
+    if spec["bags"] == "lengths" and roles.get("lengths") is not None and spec.get("padding_idx") is None:
+        n_bags = shape(roles["lengths"])[0]  # bincount(repeat_interleave(lengths), minlength=S) is the lengths
+        return [[u] for ids in nodes if op_name(ids) in ("repeat_interleave", "index_select") for u in ids.users
+                if op_name(u) == "bincount" and bind(u)["weights"] is None and bind(u)["minlength"] == n_bags
+                and shape(u) == (n_bags,)]
     off = roles.get("offsets")
     if spec["bags"] != "offsets" or off is None or spec.get("padding_idx") is not None:
         return []

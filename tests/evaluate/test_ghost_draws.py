@@ -1,0 +1,61 @@
+"""The ghost run (the candidate with its Triton kernels disabled) must be wrong on some fresh draw; a draw whose output
+needs no kernel at all (an empty jagged batch) must not get an honest kernel rejected."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+import kernelevolve.evaluate.evaluator as ev  # noqa: E402
+from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig  # noqa: E402
+from kernelevolve.evaluate.result import Status  # noqa: E402
+from kernelevolve.problem import import_module_from_path, load_problem, make_inputs  # noqa: E402
+from kernelevolve.propose.base import ProposalContext  # noqa: E402
+from kernelevolve.propose.template import TemplateProposer  # noqa: E402
+
+JAGGED = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, v, offsets):
+        return torch.segment_reduce(v, "sum", offsets=offsets)
+
+
+def get_inputs():
+    lengths = torch.randint(0, 2, (1,))  # one bag, empty on half the draws
+    return [torch.randn(int(lengths.sum()), 7), torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("draws, verdict", [(ev.GHOST_DRAWS, Status.OK), (1, Status.REJECTED)])
+def test_an_empty_draw_does_not_reject_an_honest_kernel(draws, verdict, tmp_path, monkeypatch):
+    path = tmp_path / "jagged_one_bag.py"
+    path.write_text(JAGGED)
+    problem = load_problem(path, "cpu")
+    module = import_module_from_path(path, "_ghost_draws_problem")
+    empty = [s for s in range(64) if make_inputs(module, s)[0].shape[0] == 0][:2]
+    full = [s for s in range(64) if make_inputs(module, s)[0].shape[0] > 0][:2]
+    (cand,) = TemplateProposer("cpu", seed=0).propose(ProposalContext(problem, "cpu", None, []), 1)
+    assert "segment" in {c["kind"].split("_")[0] for c in cand.meta["configs"]}
+
+    real, ghost = ev.fresh_seed, Evaluator._ghost
+
+    def ghost_on_empty_draws_first(self, child, gpu, _draws=ev.GHOST_DRAWS):
+        seeds = iter(empty + full)
+        monkeypatch.setattr(ev, "fresh_seed", lambda: next(seeds))
+        try:
+            return ghost(self, child, gpu, draws)
+        finally:
+            monkeypatch.setattr(ev, "fresh_seed", real)
+
+    monkeypatch.setattr(Evaluator, "_ghost", ghost_on_empty_draws_first)
+    config = EvalConfig(device="cpu", timeout_s=300, timing=TimingConfig(budget_ms=5, warmup_ms=1, max_reps=3))
+    result = Evaluator(problem, config, tmp_path / "work").evaluate(cand)
+    assert result.status == verdict, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"

@@ -1,0 +1,53 @@
+"""Capture writes the same values in the normal form the templates read: a reduction over a permuted tensor reduces the
+tensor itself, a product with ones is a sum, a reduction over dims apart is one reduction per run of adjacent dims.
+Each rewrite must give the model's own values."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernelevolve.analyze.graph import _merged, _trace, _drop_dead, op_name
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+X3 = torch.randn(3, 5, 7)
+CASES = {
+    "einsum_column": (lambda x: torch.einsum("ij->j", x), [torch.randn(6, 9)], {"permute"}),
+    "transpose_sum_keepdim": (lambda x: x.t().sum(1, keepdim=True), [torch.randn(6, 9)], {"permute"}),
+    "permute3_amax": (lambda x: x.permute(2, 0, 1).amax(0), [X3], {"permute"}),
+    "permute3_sum_keepdim": (lambda x: x.permute(0, 2, 1).sum(2, keepdim=True), [X3], {"permute"}),
+    "matmul_ones_right": (lambda x: x @ torch.ones(9, 4), [torch.randn(6, 9)], {"mm"}),
+    "matmul_ones_left": (lambda x: torch.ones(2, 6) @ x, [torch.randn(6, 9)], {"mm"}),
+    "mv_ones": (lambda x: torch.mv(x, torch.ones(9)), [torch.randn(6, 9)], {"mv", "mm"}),
+    "reordering_permute_kept": (lambda x: x.permute(2, 1, 0).sum(1), [X3], set()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_rewrites_keep_the_values(case, mode):
+    fn, inputs, gone = CASES[case]
+    model = Fn(fn)
+    gm, _ = _trace(model, inputs, mode)
+    _drop_dead(gm)
+    ops = {op_name(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert not ops & gone, (case, ops)
+    torch.testing.assert_close(gm([], *inputs), fn(*inputs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [[0, 2, 3], [0, 2], [1, 3], [0, 1, 3], [0, 3]])
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_reductions_over_dims_apart(dims, keepdim):
+    x = torch.randn(3, 4, 5, 6)
+    for op in (torch.sum, torch.amax, torch.amin):
+        got, want = _merged(op)(x, dims, keepdim), op(x, dims, keepdim)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
