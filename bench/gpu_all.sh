@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root: any of the GPU test suite, the experience benchmark and the benchmark suite,
 # each writing its logs and JSON under $OUT and printing a short summary last.
-# Usage: OUT=dir STEPS="tests screen experience suite throughput" BUDGET=40 AGAIN=120 PAIRS="softmax_bf16 ..." \
-#        PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 bash bench/gpu_all.sh
+# Usage: OUT=dir STEPS="tests screen experience suite throughput kernelbench" BUDGET=40 AGAIN=120 \
+#        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
+#        LEVELS="1 2" COVERAGE=table.json LIMIT=36 DEADLINE=480 KB_JSON=earlier.json bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 OUT="${OUT:-bench/results/gpu}"
@@ -41,8 +42,18 @@ for step in ${STEPS:-tests experience}; do
       python3 bench/throughput.py --device cuda --workers 1 "$GPUS" --problems ${PROBLEMS:-softmax_bf16} \
         --proposer "${PROPOSER:-template}" --evals "${EVALS:-16}" --out-dir "$OUT/throughput" \
         --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log" | tail -12 ;;
-    *) echo "unknown step $step (tests, screen, experience, suite, throughput)"; exit 2 ;;
+    kernelbench)
+      # KernelBench problems a template family matches (bench/coverage.py's table), resumable: KB_JSON names a file
+      # from an earlier call to go on from, DEADLINE stops starting problems after that many seconds
+      [ -n "${KB_JSON:-}" ] && cp "$KB_JSON" "$OUT/kernelbench.json"
+      # shellcheck disable=SC2086
+      python3 bench/kernelbench.py --device cuda --level ${LEVELS:-1 2} \
+        --matched "${COVERAGE:-bench/results/2026-12-02-kernelbench-coverage.json}" ${LIMIT:+--limit $LIMIT} \
+        --budget-s "${BUDGET:-20}" ${DEADLINE:+--deadline-s $DEADLINE} --out-dir "$OUT/kernelbench" \
+        --json "$OUT/kernelbench.json" 2>&1 | tee "$OUT/kernelbench.log" | tail -8
+      python3 bench/kernelbench.py --markdown --json "$OUT/kernelbench.json" | tail -12 ;;
+    *) echo "unknown step $step (tests, screen, experience, suite, throughput, kernelbench)"; exit 2 ;;
   esac
 done
-rm -rf "$OUT/experience"/*/ "$OUT/suite"/*/ "$OUT/throughput" "$OUT"/*/*.db* 2>/dev/null  # keep what comes back small: JSON and logs
+rm -rf "$OUT/experience"/*/ "$OUT/suite"/*/ "$OUT/kernelbench"/*/ "$OUT/throughput" "$OUT"/*/*.db* 2>/dev/null  # keep what comes back small: JSON and logs
 echo "== summary"; tail -1 "$OUT/gpu_tests.log" 2>/dev/null; tail -2 "$OUT/experience.log" 2>/dev/null; true

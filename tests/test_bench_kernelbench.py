@@ -94,3 +94,13 @@ def test_fast_p_counts_correct_kernels_over_all_problems():
     assert s["correct"] == 0.5
     assert s["fast_0_eager"] == 0.5 and s["fast_1_eager"] == 0.25 and s["fast_1_compile"] == 0.25
     assert s["geomean_speedup_eager"] == pytest.approx(1.0)
+
+
+def test_optimized_rows_render_as_a_table_with_the_summary():
+    rows = [{"problem": "level1/19_ReLU", "mode": "optimize", "correct": True, "eager_ms": 2.0, "compile_ms": 1.0,
+             "kernelevolve_ms": 0.5, "speedup_eager": 4.0, "speedup_compile": 2.0, "best_proposer": "template"},
+            {"problem": "level2/1_Conv", "mode": "optimize", "status": "error", "error": "boom | bad"}]
+    text = kernelbench.markdown_table(rows)
+    assert "| 19_ReLU | yes | 2 | 1 | 0.5 | 4.00x | 2.00x | template" in text
+    assert "| 1_Conv | no |" in text and "boom / bad" in text
+    assert "2 problems: correct 0.50; fast_1 against eager 0.50, against torch.compile 0.50" in text
