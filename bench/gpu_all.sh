@@ -3,7 +3,7 @@
 # each writing its logs and JSON under $OUT and printing a short summary last.
 # Usage: OUT=dir STEPS="tests screen experience suite throughput kernelbench" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
-#        LEVELS="1 2" COVERAGE=table.json LIMIT=36 DEADLINE=480 KB_JSON=earlier.json bash bench/gpu_all.sh
+#        LEVELS="1 2" COVERAGE=table.json MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 OUT="${OUT:-bench/results/gpu}"
@@ -49,6 +49,7 @@ for step in ${STEPS:-tests experience}; do
       # shellcheck disable=SC2086
       python3 bench/kernelbench.py --device cuda --level ${LEVELS:-1 2} \
         --matched "${COVERAGE:-bench/results/2026-12-02-kernelbench-coverage.json}" ${LIMIT:+--limit $LIMIT} \
+        ${MIN_CLAIMED:+--min-claimed $MIN_CLAIMED} \
         --budget-s "${BUDGET:-20}" ${DEADLINE:+--deadline-s $DEADLINE} --out-dir "$OUT/kernelbench" \
         --json "$OUT/kernelbench.json" 2>&1 | tee "$OUT/kernelbench.log" | tail -8
       python3 bench/kernelbench.py --markdown --json "$OUT/kernelbench.json" | tail -12 ;;

@@ -66,17 +66,20 @@ def select_problems(root: Path, levels: list[int], names: list[str] | None) -> l
     return chosen
 
 
-def matched_problems(paths: list[Path], coverage: Path, families: list[str] | None = None) -> list[Path]:
+def matched_problems(paths: list[Path], coverage: Path, families: list[str] | None = None,
+                     min_share: float = 0.0) -> list[Path]:
     """Those of ``paths`` that a template family matches in a coverage table (bench/coverage.py --json), with at least
-    one region of ``families`` when given."""
+    one region of ``families`` when given, and at least ``min_share`` of their ATen ops claimed."""
     try:
         rows = {r["problem"]: r for r in json.loads(coverage.read_text())["rows"]}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise KernelBenchError(f"{coverage}: not a coverage table ({type(e).__name__}: {e})") from e
     keep = []
     for p in paths:
-        regions = rows.get(problem_id(p), {}).get("regions") or []
-        if regions and (not families or any(r.get("family") in families for r in regions)):
+        row = rows.get(problem_id(p), {})
+        regions = row.get("regions") or []
+        if regions and (not families or any(r.get("family") in families for r in regions)) \
+                and (row.get("claimed_share") or 0.0) >= min_share:
             keep.append(p)
     return keep
 
@@ -325,6 +328,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--matched", type=Path, metavar="COVERAGE_JSON",
                     help="keep only the problems a template family matches in this table (bench/coverage.py --json)")
     ap.add_argument("--families", nargs="+", help="with --matched: only problems with a region of these families")
+    ap.add_argument("--min-claimed", type=float, default=0.0, metavar="SHARE",
+                    help="with --matched: only problems with at least this share of their ops claimed (1 = all)")
     ap.add_argument("--limit", type=int, help="at most this many problems, in order")
     ap.add_argument("--device", choices=("cuda", "cpu"))
     ap.add_argument("--judge-only", action="store_true", help="judge eager, torch.compile and max-autotune only")
@@ -359,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         paths = select_problems(args.root.resolve(), args.level, args.problems)
         if args.matched:
-            paths = matched_problems(paths, args.matched, args.families)
-        elif args.families:
-            raise KernelBenchError("--families needs --matched")
+            paths = matched_problems(paths, args.matched, args.families, args.min_claimed)
+        elif args.families or args.min_claimed:
+            raise KernelBenchError("--families and --min-claimed need --matched")
         paths = paths[:args.limit] if args.limit is not None else paths
     except KernelBenchError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -38,12 +38,13 @@ def test_problems_are_chosen_in_numeric_order_and_by_name(corpus):
 def test_problems_matched_in_a_coverage_table(corpus, tmp_path):
     table = tmp_path / "coverage.json"
     table.write_text(json.dumps({"rows": [
-        {"problem": "level1/2_Scale", "regions": [{"family": "pointwise"}]},
-        {"problem": "level1/10_Scale_again", "regions": [{"family": "row_reduction"}]},
+        {"problem": "level1/2_Scale", "regions": [{"family": "pointwise"}], "claimed_share": 1.0},
+        {"problem": "level1/10_Scale_again", "regions": [{"family": "row_reduction"}], "claimed_share": 0.5},
         {"problem": "level1/1_Broken", "status": "not traced", "regions": []}]}))
     every = kernelbench.select_problems(corpus, [1], None)
     assert [p.stem for p in kernelbench.matched_problems(every, table)] == ["2_Scale", "10_Scale_again"]
     assert [p.stem for p in kernelbench.matched_problems(every, table, ["row_reduction"])] == ["10_Scale_again"]
+    assert [p.stem for p in kernelbench.matched_problems(every, table, None, 0.8)] == ["2_Scale"]
     table.write_text("[]")
     with pytest.raises(kernelbench.KernelBenchError, match="not a coverage table"):
         kernelbench.matched_problems(every, table)
