@@ -108,6 +108,12 @@ def test_the_exported_module_dispatches_only_in_the_verified_mode(tmp_path):
         assert mod.dispatches([x], mod._state(new), new.training)
         torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(new.bn.running_mean, ref.bn.running_mean, atol=1e-5, rtol=1e-5)
+        assert int(new.bn.num_batches_tracked) == int(ref.bn.num_batches_tracked) == 1
+        # torch.compile traces through the op, and the running statistics still move as the reference's
+        compiled = torch.compile(new, backend="aot_eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), ref(x), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(new.bn.running_var, ref.bn.running_var, atol=1e-5, rtol=1e-5)
+        assert int(new.bn.num_batches_tracked) == int(ref.bn.num_batches_tracked) == 2
         ref.eval()
         new.eval()  # the running statistics now: not what the kernel computes, so the reference runs
         assert not mod.dispatches([x], mod._state(new), new.training)

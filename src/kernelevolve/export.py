@@ -198,6 +198,7 @@ MODULE = '''"""{title}
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -253,7 +254,9 @@ _SINGLE = KERNELEVOLVE_EXPORT["single_output"]
 # the module mode the kernel was verified in (the one the constructor leaves): a norm in training mode reads the
 # batch's statistics, in eval mode the running ones, so the other mode runs the reference
 _TRAINING = KERNELEVOLVE_EXPORT.get("training", False)
-_MUTATES = ("state",) if KERNELEVOLVE_EXPORT.get("mutated_state") else ()
+# state the forward writes (running statistics): the op returns its new values and ModelNew copies them in, so the
+# op itself stays functional (torch.compile cannot functionalize a mutated list returning a list)
+_MUTATED = [i for i, (name, _, _) in enumerate(_STATE) if name in set(KERNELEVOLVE_EXPORT.get("mutated_state") or [])]
 _kernels = {{}}
 _meta = []
 
@@ -305,7 +308,14 @@ def _inputs(tensors):
     return [next(it) if spec[0] != "scalar" else spec[1] for spec in KERNELEVOLVE_EXPORT["shapes"][0]["inputs"]]
 
 
-@torch.library.custom_op("kernelevolve::{op}", mutates_args=_MUTATES)
+def _run(module, tensors, state):
+    """``module``'s outputs on copies of the state it writes, then the new values of that state."""
+    state = [t.clone() if i in _MUTATED else t for i, t in enumerate(state)]
+    outs = _bind(module, state)(*_inputs(tensors))
+    return list(outs) if isinstance(outs, (tuple, list)) else [outs], [state[i] for i in _MUTATED]
+
+
+@torch.library.custom_op("kernelevolve::{op}", mutates_args=())
 def {op}(tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
     device = (tensors or state)[0].device
     kernel = _kernels.get(device)
@@ -313,19 +323,31 @@ def {op}(tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.T
         kernel = _kernels[device] = _import_source("kernel", _KERNEL_SOURCE).ModelNew(
             *KERNELEVOLVE_EXPORT["init_inputs"]).to(device).train(_TRAINING)
     with torch.no_grad():
-        outs = _bind(kernel, state)(*_inputs(tensors))
-    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-    given = {{t.untyped_storage().data_ptr() for t in [*tensors, *state]}}
-    return [o.clone() if o.untyped_storage().data_ptr() in given else o for o in outs]
+        outs, new = _run(kernel, tensors, state)
+    seen = {{t.untyped_storage().data_ptr() for t in [*tensors, *state]}}
+    result = []
+    for o in outs + new:  # no output may alias an input or another output
+        ptr = o.untyped_storage().data_ptr()
+        result.append(o.clone() if ptr in seen else o)
+        seen.add(ptr)
+    return result
+
+
+def _outside_fake_mode():
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+    except ImportError:  # a torch without it: build under whatever mode is active
+        return contextlib.nullcontext()
+    return unset_fake_temporarily()
 
 
 @{op}.register_fake
 def _(tensors, state):
-    if not _meta:
-        with torch.device("meta"):
+    if not _meta:  # built on the meta device, outside the fake mode the op is traced under
+        with _outside_fake_mode(), torch.device("meta"):
             _meta.append(Model(*KERNELEVOLVE_EXPORT["init_inputs"]).train(_TRAINING))
-    outs = _bind(_meta[0], state)(*_inputs(tensors))
-    return [o.clone() for o in (outs if isinstance(outs, (tuple, list)) else [outs])]
+    outs, new = _run(_meta[0], tensors, state)
+    return [o.clone() for o in outs + new]
 
 
 class ModelNew(Model):
@@ -336,6 +358,12 @@ class ModelNew(Model):
         state = _state(self)
         if dispatches(inputs, state, self.training):
             outs = torch.ops.kernelevolve.{op}([v for v in inputs if isinstance(v, torch.Tensor)], state)
+            if _MUTATED:  # the state the reference writes in place, written here from the op's extra outputs
+                n = len(outs) - len(_MUTATED)
+                with torch.no_grad():
+                    for i, value in zip(_MUTATED, outs[n:]):
+                        state[i].copy_(value)
+                outs = outs[:n]
             return outs[0] if _SINGLE else tuple(outs)
         return super().forward(*inputs)
 

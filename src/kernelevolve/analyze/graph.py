@@ -60,10 +60,26 @@ class CapturedGraph:
             schema = getattr(n.target, "_schema", None)
             if schema is None or not schema.is_mutable:
                 continue
-            for a, arg in zip(n.args, schema.arguments):
-                if arg.alias_info is not None and arg.alias_info.is_write and a in state and state[a] not in out:
-                    out.append(state[a])
+            for k, arg in enumerate(schema.arguments):
+                a = n.args[k] if k < len(n.args) else n.kwargs.get(arg.name)
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                for t in a if isinstance(a, (list, tuple)) else [a]:
+                    base = _view_base(t)  # a write through a view (buf[0] = v) writes the buffer
+                    if base in state and state[base] not in out:
+                        out.append(state[base])
         return out
+
+
+def _view_base(node: Any) -> Any:
+    """The tensor a chain of views (select, slice, view, ...) reads, or ``node`` itself."""
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        schema = getattr(node.target, "_schema", None)
+        first = schema.arguments[0] if schema is not None and schema.arguments else None
+        if first is None or first.alias_info is None or first.alias_info.is_write or not node.args:
+            break
+        node = node.args[0]
+    return node
 
 
 def op_name(node: fx.Node) -> str:
@@ -173,9 +189,12 @@ def _merged(op: Callable) -> Callable:
                     runs[-1].append(d)
                 else:
                     runs.append([d])
-            out = x
+            # half-precision sums run in fp32 between the steps and round once, as one sum over all the dims does
+            wide = op is torch.sum and x.dtype in (torch.float16, torch.bfloat16)
+            out = x.to(torch.float32) if wide else x
             for run in reversed(runs):
                 out = reduce(out, run, True) if len(run) > 1 else op(out, run, True)
+            out = out.to(x.dtype) if wide else out
             return out if keepdim else out.view([s for i, s in enumerate(x.shape) if i not in dims])
         flat = x.flatten(dims[0], dims[-1])
         out = op(flat, [dims[0]], keepdim)
@@ -224,13 +243,28 @@ def _trace(model: torch.nn.Module, inputs: list[Any], mode: str) -> tuple[fx.Gra
         return functional_call(model, dict(zip(names, tensors)), args)
 
     values = [state[n].detach() for n in names]
+    # a trace on real tensors runs the forward: the state it writes (running statistics) is put back after each one
+    saved = [v.clone() for v in values] if mode == "real" else []
     with torch.no_grad():
-        gm = make_fx(f, decomposition_table=_decompositions(), tracing_mode=mode)(values, *inputs)
-        if any(_rewrite(n) is not None for n in gm.graph.nodes):
-            # once more through an interpreter that writes the same values in the normal form
-            gm = make_fx(lambda tensors, *args: _NormalForm(gm).run(tensors, *args),
-                         decomposition_table=_decompositions(), tracing_mode=mode)(values, *inputs)
+        try:
+            gm = make_fx(f, decomposition_table=_decompositions(), tracing_mode=mode)(values, *inputs)
+        finally:
+            _restore(values, saved)
+        try:
+            if any(_rewrite(n) is not None for n in gm.graph.nodes):
+                # once more through an interpreter that writes the same values in the normal form
+                gm = make_fx(lambda tensors, *args: _NormalForm(gm).run(tensors, *args),
+                             decomposition_table=_decompositions(), tracing_mode=mode)(values, *inputs)
+        except Exception as e:  # a rewrite never costs the capture: the graph as first traced stands
+            log.debug("normal-form rewrite skipped: %s: %s", type(e).__name__, e)
+        finally:
+            _restore(values, saved)
     return gm, names
+
+
+def _restore(values: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+    for v, s in zip(values, saved):
+        v.copy_(s)
 
 
 # ---- rewrites into the normal form: the same values, spelled the way the templates read them ---------------------------
@@ -250,7 +284,8 @@ def _rewrite(node: fx.Node) -> Callable[[dict[fx.Node, Any]], Any] | None:
         return None
     name = op_name(node)
     if name in _REDUCTIONS and len(node.args) >= 2 and not node.kwargs and isinstance(node.args[0], fx.Node) \
-            and op_name(node.args[0]) == "permute" and len(node.args[0].users) == 1:
+            and op_name(node.args[0]) == "permute" and len(node.args[0].users) == 1 \
+            and isinstance(node.args[1], (int, list, tuple)) and len(node.args[0].args[1]) > 0:
         src, perm = node.args[0].args[0], [int(d) for d in node.args[0].args[1]]
         rank = len(perm)
         dims = sorted(d % rank for d in ([node.args[1]] if isinstance(node.args[1], int) else node.args[1]))
@@ -266,13 +301,11 @@ def _rewrite(node: fx.Node) -> Callable[[dict[fx.Node, Any]], Any] | None:
         return lambda env: op(env[src], orig, False).reshape(out_shape) if keepdim else op(env[src], orig, False)
     if name == "mm" and len(node.args) == 2:
         a, b = node.args
+        out_dtype = dtype(node)  # an integer product stays in its dtype where an integer sum would widen
         if _ones(b):
-            return lambda env: torch.sum(env[a], [1], keepdim=True).expand(shape(node))
+            return lambda env: torch.sum(env[a], [1], keepdim=True).to(out_dtype).expand(shape(node))
         if _ones(a):
-            return lambda env: torch.sum(env[b], [0], keepdim=True).expand(shape(node))
-    if name == "mv" and len(node.args) == 2 and _ones(node.args[1]):
-        a = node.args[0]
-        return lambda env: torch.sum(env[a], [1])
+            return lambda env: torch.sum(env[b], [0], keepdim=True).to(out_dtype).expand(shape(node))
     return None
 
 
