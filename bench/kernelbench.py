@@ -74,6 +74,11 @@ def matched_problems(paths: list[Path], coverage: Path, families: list[str] | No
         rows = {r["problem"]: r for r in json.loads(coverage.read_text())["rows"]}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise KernelBenchError(f"{coverage}: not a coverage table ({type(e).__name__}: {e})") from e
+    known = {r.get("family") for row in rows.values() for r in row.get("regions") or []}
+    unknown = sorted(set(families or []) - known)
+    if unknown:
+        raise KernelBenchError(f"no region of family {', '.join(unknown)} in {coverage}; its families: "
+                               f"{', '.join(sorted(f for f in known if f))}")
     keep = []
     for p in paths:
         row = rows.get(problem_id(p), {})
@@ -290,7 +295,7 @@ def _optimize_table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['problem'].split('/')[-1]} | {'yes' if r.get('correct') else 'no'} | "
                      f"{_ms(r.get('eager_ms'))} | {_ms(r.get('compile_ms'))} | {_ms(r.get('kernelevolve_ms'))} | "
                      f"{x(r.get('speedup_eager'))} | {x(r.get('speedup_compile'))} | "
-                     f"{r.get('best_proposer') or '—'} {(r.get('best_label') or '')[:30]}{why} |")
+                     f"{r.get('best_proposer') or '—'} {(r.get('best_label') or '')[:30]}{'; ' + why if why else ''} |")
     s = summarize(rows)
     lines.append("")
     lines.append(f"{len(tuned)} problems: correct {s.get('correct', 0):.2f}; fast_1 against eager "
@@ -367,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             paths = matched_problems(paths, args.matched, args.families, args.min_claimed)
         elif args.families or args.min_claimed:
             raise KernelBenchError("--families and --min-claimed need --matched")
+        if args.limit is not None and args.limit < 1:
+            raise KernelBenchError(f"--limit {args.limit}: give at least 1")
         paths = paths[:args.limit] if args.limit is not None else paths
     except KernelBenchError as e:
         print(f"error: {e}", file=sys.stderr)

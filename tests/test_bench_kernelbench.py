@@ -45,6 +45,10 @@ def test_problems_matched_in_a_coverage_table(corpus, tmp_path):
     assert [p.stem for p in kernelbench.matched_problems(every, table)] == ["2_Scale", "10_Scale_again"]
     assert [p.stem for p in kernelbench.matched_problems(every, table, ["row_reduction"])] == ["10_Scale_again"]
     assert [p.stem for p in kernelbench.matched_problems(every, table, None, 0.8)] == ["2_Scale"]
+    with pytest.raises(kernelbench.KernelBenchError, match="no region of family row_reductoin"):
+        kernelbench.matched_problems(every, table, ["row_reductoin"])
+    assert kernelbench.main(["--root", str(corpus), "--level", "1", "--limit", "0", "--json",
+                             str(tmp_path / "kb.json")]) == 2
     table.write_text("[]")
     with pytest.raises(kernelbench.KernelBenchError, match="not a coverage table"):
         kernelbench.matched_problems(every, table)

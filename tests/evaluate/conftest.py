@@ -41,6 +41,11 @@ def inplace_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
 
 
 @pytest.fixture(scope="module")
+def running_stats_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
+    return make_evaluator("problem_running_stats.py", tmp_path_factory.mktemp("eval-running-stats"))
+
+
+@pytest.fixture(scope="module")
 def untimed_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
     """A short deadline and no timing: for hangs, crashes and process checks."""
     return make_evaluator("problem_scale.py", tmp_path_factory.mktemp("eval-untimed"), timeout_s=8.0,

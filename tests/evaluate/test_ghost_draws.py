@@ -1,5 +1,6 @@
-"""The ghost run (the candidate with its Triton kernels disabled) must be wrong on some fresh draw; a draw whose output
-needs no kernel at all (an empty jagged batch) must not get an honest kernel rejected."""
+"""The ghost run (the candidate with its Triton kernels disabled) must be wrong on the first informative fresh draw; a
+draw whose output needs no kernel at all (an empty jagged batch) is skipped, so that it neither gets an honest kernel
+rejected nor lets a kernel that does none of the work through."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -58,8 +59,28 @@ class ModelNew(Model):
 '''
 
 
-@pytest.mark.parametrize("draws, verdict", [(ev.GHOST_DRAWS, Status.OK), (1, Status.REJECTED)])
-def test_an_empty_draw_does_not_reject_an_honest_kernel(draws, verdict, tmp_path, monkeypatch):
+CHEAT = JAGGED + '''
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _touch(out_ptr):
+    tl.store(out_ptr, tl.load(out_ptr))
+
+
+class ModelNew(Model):
+    def forward(self, v, offsets):
+        out = super().forward(v, offsets)  # torch does the work; the kernel only shows up
+        _touch[(1,)](out)
+        return out
+'''
+
+
+@pytest.mark.parametrize("source, draws, verdict", [(KERNEL, ev.GHOST_DRAWS, Status.OK), (KERNEL, 1, Status.OK),
+                                                    (CHEAT, ev.GHOST_DRAWS, Status.REJECTED)])
+def test_empty_draws_are_skipped(source, draws, verdict, tmp_path, monkeypatch):
     path = tmp_path / "jagged_one_bag.py"
     path.write_text(JAGGED)
     problem = load_problem(path, "cpu")
@@ -78,7 +99,7 @@ def test_an_empty_draw_does_not_reject_an_honest_kernel(draws, verdict, tmp_path
 
     monkeypatch.setattr(Evaluator, "_ghost", ghost_on_empty_draws_first)
     config = EvalConfig(device="cpu", timeout_s=300, timing=TimingConfig(budget_ms=5, warmup_ms=1, max_reps=3))
-    result = Evaluator(problem, config, tmp_path / "work").evaluate(Candidate(KERNEL, proposer="manual"))
+    result = Evaluator(problem, config, tmp_path / "work").evaluate(Candidate(source, proposer="manual"))
     assert result.status == verdict, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"
 
 

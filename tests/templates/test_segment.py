@@ -212,3 +212,38 @@ def test_cuda_matches_reference(tmp_path, name):
         args = [values[n].cuda() for n in m.inputs]
         for config in configs(template, m):
             check([o.cpu() for o in run(m, config, args)], [values[n] for n in m.outputs])
+
+
+ENDS_FORWARD = "seg = torch.searchsorted({ends}, torch.arange(21), right=True)\n" \
+               "return torch.zeros(6, 33).index_add_(0, seg, v)"
+
+
+@pytest.mark.parametrize("offsets", [[4, 6, 6, 12, 18, 21, 25], [0, 3, 3, 10, 15, 21, 21], [9, 9, 9, 9, 9, 9, 40]])
+def test_search_among_the_ends_starts_the_first_bag_at_row_0(tmp_path, offsets):
+    """``searchsorted(offsets[1:], arange(N), right=True)`` puts every row before the first end in bag 0, whatever
+    the first offset, and no row past N in any bag."""
+    g = make(tmp_path, "ends", "v, off", ENDS_FORWARD.format(ends="off[1:]"),
+             "torch.randn(21, 33), torch.tensor([0, 3, 3, 10, 15, 21, 21])")
+    (m,) = SegmentTemplate().find(g, set())
+    assert m.spec["bags"] == "offsets" and m.spec["from_zero"]
+    v, off = g.example[1], torch.tensor(offsets)
+    seg = torch.searchsorted(off[1:], torch.arange(21), right=True)
+    ref = torch.zeros(6, 33).index_add_(0, seg, v)
+    by_placeholder = dict(zip(g.placeholders(), [g.example[0][0], v, off]))
+    for config in ({"BLOCK_L": 8}, {}):
+        check(run(m, config, [by_placeholder[n] for n in m.inputs]), [ref])
+
+
+@pytest.mark.parametrize("lengths", [[3, 0, 7, 5, 6, 0], [3, 0, 7, 5, 6, 9], [30, 1, 0, 2, 0, 4]])
+def test_search_among_cumulated_lengths_stops_at_row_n(tmp_path, lengths):
+    """Bags from ``searchsorted(cumsum(lengths), arange(N), right=True)`` whose lengths run past N end at N."""
+    g = make(tmp_path, "cum", "v, lengths", ENDS_FORWARD.format(ends="torch.cumsum(lengths, 0)"),
+             f"torch.randn(21, 33), {LENGTHS}")
+    (m,) = SegmentTemplate().find(g, set())
+    assert m.spec["bags"] == "lengths"
+    v, lens = g.example[1], torch.tensor(lengths)
+    seg = torch.searchsorted(torch.cumsum(lens, 0), torch.arange(21), right=True)
+    ref = torch.zeros(6, 33).index_add_(0, seg, v)
+    by_placeholder = dict(zip(g.placeholders(), [g.example[0][0], v, lens]))
+    for config in ({"BLOCK_L": 8}, {}):
+        check(run(m, config, [by_placeholder[n] for n in m.inputs]), [ref])

@@ -41,8 +41,8 @@ SYNC_ALLOWANCE_MS = {"cuda-events": 1.0, "perf_counter": 0.0}
 SIDE_STREAM_MS, SIDE_STREAM_FRAC = 0.1, 0.5
 # Timed repetitions whose outputs are checked, at positions the child learns only when timing starts.
 CHECKED_REPS = 2
-# Fresh draws the ghost run (Triton kernels disabled) gets to be wrong on: one where the output needs no kernel (an
-# empty jagged batch) cannot tell an honest candidate from a ghost, so one wrong draw of these clears it.
+# Fresh draws the ghost run (Triton kernels disabled) may take to find an informative one: a draw whose output needs
+# no kernel (an empty jagged batch) cannot tell an honest candidate from a ghost and is skipped.
 GHOST_DRAWS = 4
 # What reading a header with missing or ill-typed fields raises.
 _MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError)
@@ -324,14 +324,20 @@ class Evaluator:
         return header
 
     def _ghost(self, child: Child, gpu: int | None, draws: int = GHOST_DRAWS) -> None:
-        """With its Triton kernels disabled, the candidate must be wrong on at least one of ``draws`` fresh draws: a
-        draw whose output needs no kernel at all (an empty jagged batch) cannot tell an honest kernel from none."""
+        """With its Triton kernels disabled, the candidate must be wrong on the first informative fresh draw. A draw
+        whose reference output is empty or all zeros (an empty jagged batch) needs no kernel at all and cannot tell an
+        honest kernel from none: it is skipped, up to ``draws`` draws, and a problem whose draws are all of that kind
+        passes the check."""
         for _ in range(draws):
             header, blob, ref = self._output(child, {"cmd": "ghost", "seed": fresh_seed(), "shape": 0}, gpu)
             if header.get("ghost_error"):
                 return
             if self._compare(ref, _load_tensors(header, blob, _device_of(ref))) is not None:
                 return
+            if _informative(ref):
+                break
+        else:
+            return
         raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
 
     def _timed(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
@@ -484,6 +490,17 @@ def _note_peak(details: dict[str, Any], peak: Any) -> None:
     """Keep the largest device memory the child reported holding (informational: the child could misreport it)."""
     if isinstance(peak, int):
         details["peak_device_bytes"] = max(details.get("peak_device_bytes", 0), peak)
+
+
+def _informative(ref: tuple) -> bool:
+    """Whether a reference output takes work to produce: some element of it is non-zero."""
+    for t in ref:
+        if isinstance(t, torch.Tensor):
+            if t.numel() and bool((t != 0).any()):
+                return True
+        elif isinstance(t, (int, float)) and t != 0:
+            return True
+    return False
 
 
 def _device_of(tensors: tuple) -> torch.device:

@@ -40,6 +40,8 @@ def k0_segment_kernel(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v
     dmask = d < D
     start = tl.load(bnd_ptr + bag).to(tl.int64)
     end = tl.load(bnd_ptr + bag + 1, mask=bag + 1 < n_bnd, other=N).to(tl.int64)
+    end = tl.minimum(end, N)
+    start = tl.minimum(start, end)
     acc = tl.full([BLOCK_L, BLOCK_D], 0.0, tl.float32)
     for j in range(start, end, BLOCK_L):
         pos = j + tl.arange(0, BLOCK_L)

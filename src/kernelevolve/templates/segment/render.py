@@ -13,13 +13,17 @@ from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit, compute_dtype, e
 from kernelevolve.templates.base import Match
 from kernelevolve.templates.graphutil import pow2
 
+# Bags read from offsets or lengths end at row N at the latest: a search over arange(N) puts no row past it in a bag.
+_CLAMP = ["end = tl.minimum(end, N)", "start = tl.minimum(start, end)"]
 _BOUNDS = {
     "offsets": ["start = tl.load(bnd_ptr + bag).to(tl.int64)",
-                "end = tl.load(bnd_ptr + bag + 1, mask=bag + 1 < n_bnd, other=N).to(tl.int64)"],
+                "end = tl.load(bnd_ptr + bag + 1, mask=bag + 1 < n_bnd, other=N).to(tl.int64)", *_CLAMP],
     "ids": ["start = tl.load(bnd_ptr + bag).to(tl.int64)", "end = tl.load(bnd_ptr + bag + 1).to(tl.int64)"],
-    "lengths": ["end = tl.load(end_ptr + bag).to(tl.int64)", "start = end - tl.load(len_ptr + bag).to(tl.int64)"],
+    "lengths": ["end = tl.load(end_ptr + bag).to(tl.int64)", "start = end - tl.load(len_ptr + bag).to(tl.int64)",
+                *_CLAMP],
     "fixed": ["start = bag.to(tl.int64) * {L}", "end = start + {L}"],
 }
+_FROM_ZERO = "start = tl.where(bag == 0, 0, start)"
 _BOUND_PARAMS = {"offsets": ["bnd_ptr", "n_bnd"], "ids": ["bnd_ptr", "perm_ptr"], "lengths": ["end_ptr", "len_ptr"],
                  "fixed": []}
 
@@ -157,7 +161,8 @@ def _render(match: Match, config: dict[str, Any], name: str) -> str:
                 args.append(f"inputs[{k}].stride({dim})")
     outs = [f"out{i}_ptr" for i in range(len(match.outputs))]
     init, finish = _finish(spec)
-    body = [line.format(L=spec.get("L")) for line in _BOUNDS[spec["bags"]]] + init
+    body = [line.format(L=spec.get("L")) for line in _BOUNDS[spec["bags"]]]
+    body = body[:1] + [_FROM_ZERO] * bool(spec.get("from_zero")) + body[1:] + init
     if spec.get("padding_idx") is not None:
         body.append("cnt = tl.zeros([BLOCK_L], tl.int32)")
     body += ["for j in range(start, end, BLOCK_L):"] + ["    " + ln for ln in _loop(spec, gather)] + finish

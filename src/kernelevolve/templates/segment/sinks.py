@@ -149,10 +149,10 @@ def _sink(node: fx.Node, gm: fx.GraphModule, offsets: bool = True) -> tuple[dict
             del roles["ids"]
             nodes += sorted_ids[1]
         elif offsets and (built := _from_offsets(roles["ids"], shape(node)[0], gm)) is not None:
-            spec.update(bags="offsets", include_last=built[1])
+            spec.update(bags="offsets", include_last=built[1], **({"from_zero": True} if built[2] else {}))
             roles["offsets"] = built[0]
             del roles["ids"]
-            nodes += built[2]
+            nodes += built[3]
     return spec, roles, nodes
 
 

@@ -113,11 +113,13 @@ def _ends_search(ids: fx.Node, gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Nod
     return ends, ancestors_within(pos, set()) + [ids]
 
 
-def _from_offsets(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Node, bool, list[fx.Node]] | None:
+def _from_offsets(ids: fx.Node, n_bags: int,
+                  gm: fx.GraphModule) -> tuple[fx.Node, bool, bool, list[fx.Node]] | None:
     """``searchsorted(offsets, arange(N), right=True) - 1`` (or ``bucketize``), or the same search among the bags'
     ends, ``searchsorted(offsets[1:], arange(N), right=True)``: the bag of every position, sorted by construction, so
     the offsets are the bags. Returns the offsets, whether they also hold the end of the last bag (one more offset
-    than bags), and the nodes that built the ids."""
+    than bags), whether the first bag starts at row 0 whatever the first offset says (the search among the ends puts
+    every row before the first end in bag 0), and the nodes that built the ids."""
     minus_one = op_name(ids) == "sub" and len(ids.args) == 2 and ids.args[1] == 1 and ids.kwargs.get("alpha", 1) == 1
     if len(shape(ids)) != 1:
         return None
@@ -132,11 +134,11 @@ def _from_offsets(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Nod
         offsets = ends.args[0]
         if n_bags != shape(offsets)[0] - 1:
             return None
-        return offsets, True, built + ([ends] if len(ends.users) == 1 else [])
+        return offsets, True, True, built + ([ends] if len(ends.users) == 1 else [])
     n_off = shape(offsets)[0]
     if n_bags not in (n_off, n_off - 1):
         return None
-    return offsets, n_bags == n_off - 1, built
+    return offsets, n_bags == n_off - 1, False, built
 
 
 def _slice_range(node: Any, source: fx.Node) -> range | None:
