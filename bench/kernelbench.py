@@ -403,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.sort(key=lambda r: order.get(r["problem"], len(order)))
         write_json(args.json, head, rows)
         brief = {k: row.get(k) for k in ("status", "eager_ms", "compile_ms", "max_autotune_ms", "wall_s")}
-        bad = {k: row.get(f"{k}_reason") for k in BASELINES if row.get(f"{k}_status") not in ("ok", "skipped", None)}
+        bad = {k: row.get(f"{k}_reason") for k in BASELINES
+               if str(row.get(f"{k}_status") or "ok").split(":")[0] not in ("ok", "skipped")}
         print(f"[{i}/{len(todo)}] {problem_id(path)}: {brief}{' FAILED: ' + str(bad) if bad else ''}"
               f"{' error: ' + row['error'][:200] if row.get('error') else ''}", flush=True)
     if store is not None:

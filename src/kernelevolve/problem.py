@@ -108,16 +108,23 @@ def input_specs(module: ModuleType, seed: int, shape_index: int = 0, device: str
     shapes do not depend on it: drawn on the meta device first, which costs nothing at any size; a ``get_inputs()``
     whose sizes come from its random values (jagged totals) cannot run there and is drawn for real (or, with
     ``meta_only``, not at all: None)."""
-    try:
-        with _RNG_LOCK, torch.device("meta"):
-            values = _draw(module, seed, shape_index)
-        if not all(v.device.type == "meta" for v in values if isinstance(v, torch.Tensor)):
-            raise ValueError("drawn off the meta device")
-    except Exception:  # the user's get_inputs(): it may need real values
+    values = meta_inputs(module, seed, shape_index)
+    if values is None:
         if meta_only:
             return None
         values = make_inputs(module, seed, shape_index, device)
     return [(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else None for v in values]
+
+
+def meta_inputs(module: ModuleType, seed: int, shape_index: int = 0) -> list[Any] | None:
+    """The inputs drawn with ``seed`` on the meta device (shapes and dtypes, no data; non-tensor inputs as they are),
+    or None where ``get_inputs()`` needs real values to run (sizes from random values) or leaves the meta device."""
+    try:
+        with _RNG_LOCK, torch.device("meta"):
+            values = _draw(module, seed, shape_index)
+    except Exception:  # the user's get_inputs(): it may need real values
+        return None
+    return values if all(v.device.type == "meta" for v in values if isinstance(v, torch.Tensor)) else None
 
 
 def _draw(module: ModuleType, seed: int, shape_index: int) -> list[Any]:

@@ -92,7 +92,7 @@ def profile_problem(problem: Problem, device: str = "cpu", measure_ceilings: boo
     kind = _device_kind(device)
     module = import_module_from_path(problem.path, f"_ke_profile_{problem.short_sha}")
     model = build_model(module, "Model", 0).to(device)  # in its constructed mode, as the judge times it
-    inputs = to_device(make_inputs(module, 0), device)
+    inputs = make_inputs(module, 0, device=device)  # drawn on the device where it can: large inputs in seconds
     notes: list[str] = []
     with torch.no_grad(), _tf32(problem.allow_tf32):
         flops, matmul_share = _count_flops(model, inputs)

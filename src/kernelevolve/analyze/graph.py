@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.fx as fx
 
-from kernelevolve.problem import Problem, build_model, import_module_from_path, make_inputs
+from kernelevolve.problem import Problem, build_model, import_module_from_path, input_specs, make_inputs, meta_inputs
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -33,7 +33,21 @@ class CapturedGraph:
     input_meta: list[Any]  # (shape, dtype) per forward input, or the constant for a non-tensor input
     device: str
     mode: str  # "fake" or "real": how it was traced
-    example: list[Any] = field(default_factory=list, repr=False)  # the traced arguments: [state tensors, *inputs]
+    # the traced arguments, [state tensors, *inputs]; with ``draw``, only the state: ``example`` draws the inputs
+    _example: list[Any] = field(default_factory=list, repr=False)
+    draw: Callable[[], list[Any]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def example(self) -> list[Any]:
+        """The traced arguments, [state tensors, *inputs]. A graph traced from the inputs' shapes alone draws their
+        values on first use: at the sizes of a large problem that costs seconds and gigabytes the plan never needs."""
+        if self.draw is not None:
+            self._example, self.draw = [self.state, *self.draw()], None
+        return self._example
+
+    @property
+    def state(self) -> list[torch.Tensor]:
+        return self._example[0] if self._example else []
 
     @property
     def graph(self) -> fx.Graph:
@@ -326,11 +340,25 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_se
     statistics (and updates the running ones), where the same module in eval mode would read the running ones."""
     module = import_module_from_path(problem.path, f"_kernelevolve_capture_{problem.short_sha}")
     model = build_model(module, "Model", init_seed)
-    inputs = make_inputs(module, seed=init_seed + 1 if input_seed is None else input_seed, shape_index=shape_index)
+    seed = init_seed + 1 if input_seed is None else input_seed
+
+    def draw() -> list[Any]:
+        return make_inputs(module, seed=seed, shape_index=shape_index)
+
+    # a fake trace reads shapes only: tensors of the drawn shapes whose memory is never written (nor touched) stand
+    # in for the inputs, and their values are drawn only if the real trace or a caller of ``example`` needs them
+    shells = meta_inputs(module, seed, shape_index)
+    if shells is not None:
+        shells = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype) if isinstance(x, torch.Tensor) else x
+                  for x in shells]
     errors: list[str] = []
+    inputs: list[Any] | None = None
     for mode in ("fake", "real"):
+        if mode == "real" or shells is None:
+            inputs = draw() if inputs is None else inputs
+        args = shells if mode == "fake" and shells is not None else inputs
         try:
-            gm, names = _trace(model, inputs, mode)
+            gm, names = _trace(model, args, mode)
         except Exception as e:  # any tracing failure: try the next mode, report all of them
             errors.append(f"{mode}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             continue
@@ -340,9 +368,11 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_se
             errors.append("fake: sizes depend on the data")
             continue
         _drop_dead(gm)
-        input_meta = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in inputs]
+        input_meta = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in args]
         state = [dict(model.named_parameters(), **dict(model.named_buffers()))[n].detach() for n in names]
-        return CapturedGraph(gm, names, len(inputs), input_meta, "cpu", mode, [state, *inputs])
+        if inputs is None:
+            return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state], draw=draw)
+        return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state, *inputs])
     raise CaptureError("; ".join(errors))
 
 
@@ -350,8 +380,7 @@ def dynamic_dims(problem: Problem, seeds: tuple[int, ...] = (1, 2, 3)) -> tuple[
     """Input dims whose size changes from draw to draw (jagged totals, for example), and a seed whose draw differs
     from the first one's: {input index: {dim, ...}}, seed."""
     module = import_module_from_path(problem.path, f"_kernelevolve_draws_{problem.short_sha}")
-    draws = [[tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in make_inputs(module, seed=s)]
-             for s in seeds]
+    draws = [[spec[0] if spec is not None else None for spec in input_specs(module, s)] for s in seeds]
     dims: dict[int, set[int]] = {}
     other = None
     for seed, draw in zip(seeds[1:], draws[1:]):

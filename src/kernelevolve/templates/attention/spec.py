@@ -24,7 +24,7 @@ def _known(graph: CapturedGraph, node: fx.Node) -> torch.Tensor | None:
     are trusted: the evaluator rebuilds the module with another seed, which changes any random parameter."""
     if node.op == "placeholder":
         idx = graph.placeholders().index(node)
-        v = graph.example[0][idx] if idx < len(graph.state_names) else None
+        v = graph.state[idx] if idx < len(graph.state_names) else None
         return v if v is not None and bool(((v == 0) | (v == 1) | v.isinf()).all()) else None
     if node.op == "call_function" and op_name(node) in REPLAY_OPS and len(tensor_args(node)) == 1:
         base = _known(graph, node.args[0])
