@@ -47,6 +47,9 @@ class Problem:
     n_shapes: int = 1
     mutates_inputs: bool = False
     output_dtypes: tuple[str, ...] = ()
+    # state_dict entries the forward writes (running statistics in training mode): judged after a call from the
+    # initial state, beside the outputs
+    mutated_state: tuple[str, ...] = ()
 
     @property
     def short_sha(self) -> str:
@@ -221,6 +224,8 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
     model = _call(path, "Model(*get_init_inputs())", build_model, module, "Model", 0).to(device)
     dtypes: tuple[str, ...] = ()
     mutates = False
+    state = {n: v.clone() for n, v in model.state_dict().items()}
+    written: set[str] = set()
     for k in range(shapes):
         # drawn on the device itself where it can be: a CPU draw of gigabytes of inputs takes seconds
         inputs = _call(path, "get_inputs()" if k == 0 else f"get_extra_inputs()[{k - 1}]", make_inputs, module, 0, k,
@@ -237,6 +242,8 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
         mutates = mutates or any(
             isinstance(b, torch.Tensor) and not same_values(b, v) for b, v in zip(before, inputs)
         )
+        now = model.state_dict()
+        written |= {n for n, v in state.items() if n in now and not same_values(v, now[n])}
     return Problem(
         path=str(path.resolve()),
         source=source,
@@ -248,6 +255,7 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
         n_shapes=shapes,
         mutates_inputs=mutates,
         output_dtypes=dtypes,
+        mutated_state=tuple(n for n in state if n in written),
     )
 
 

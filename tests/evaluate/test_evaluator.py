@@ -191,3 +191,14 @@ def test_large_outputs_travel_through_a_blob_file(tmp_path, candidate):
     wrong = ev.evaluate(candidate("wrong_output"))
     assert wrong.status is Status.INCORRECT, wrong.reason
     assert {d for d in os.listdir(shm) if d.startswith(mine)} <= before
+
+
+def test_state_the_reference_updates_is_judged(running_stats_evaluator, candidate):
+    """Batch norm in training mode updates its running statistics on every call: a candidate that only normalises
+    is incorrect; one that does both (the reference's own module) is ok."""
+    assert running_stats_evaluator.problem.mutated_state == ("bn.running_mean", "bn.running_var",
+                                                             "bn.num_batches_tracked")
+    r = running_stats_evaluator.evaluate(candidate("skips_running_stats"))
+    assert r.status == Status.INCORRECT, f"{r.status.value}: {r.reason}"
+    r = running_stats_evaluator.evaluate(candidate("keeps_running_stats"))
+    assert r.ok, f"{r.status.value}: {r.reason}\n{r.error[-600:]}"

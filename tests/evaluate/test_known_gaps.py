@@ -32,9 +32,3 @@ def test_secret_readable_from_parent_environ(secret_probe_results):
     status, reason = secret_probe_results["gap_parent_environ.py"]
     assert status == Status.OK.value, reason
 
-
-@gap("the judge compares outputs only: a candidate that skips the module's own state updates (batch norm's running "
-     "statistics in training mode) verifies")
-def test_skipped_running_stats(running_stats_evaluator, candidate):
-    r = running_stats_evaluator.evaluate(candidate("gap_skips_running_stats"))
-    assert not r.ok, "accepted without updating the running statistics"

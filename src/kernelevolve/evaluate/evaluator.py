@@ -86,7 +86,9 @@ class Evaluator:
         self.state_path = self.workdir / "reference_state.pt"
         torch.save(build_model(self.module, "Model", self.init_seed).state_dict(), self.state_path)
         self._models: dict[str, torch.nn.Module] = {}
+        self._initial: dict[str, list[torch.Tensor]] = {}  # per model: the initial values of the state it writes
         self._lock = threading.Lock()
+        self._state_lock = threading.Lock()  # a stateful reference is reset, called and read by one thread at a time
         self._varying: bool | None = None  # whether input shapes change between draws; found at the first re-call
 
     # --- reference ------------------------------------------------------------------------------------------
@@ -99,7 +101,23 @@ class Evaluator:
             if key not in self._models:
                 model = build_model(self.module, "Model", self.init_seed).to(dev)
                 self._models[key] = model.double() if exact else model
+                state = self._models[key].state_dict()
+                self._initial[key] = [state[n].clone() for n in self.problem.mutated_state]
             return self._models[key]
+
+    def _called(self, model: torch.nn.Module, inputs: list[Any]) -> tuple[Any, ...]:
+        """The model's outputs on ``inputs``; for a model whose forward writes its state, called from the initial state,
+        with that state after the call appended (the candidate's must match it)."""
+        names = self.problem.mutated_state
+        if not names:
+            return as_outputs(model(*inputs))
+        key = next(k for k, m in self._models.items() if m is model)
+        with self._state_lock:
+            state = model.state_dict()
+            for n, v in zip(names, self._initial[key]):
+                state[n].copy_(v)
+            outs = as_outputs(model(*inputs))
+            return outs + tuple(state[n].clone() for n in names)
 
     def _inputs(self, seed: int, shape: int, dev: str, host: bool) -> list[Any]:
         """The inputs drawn with ``seed`` on the reference device (the values the child draws), moved to the host
@@ -121,7 +139,7 @@ class Evaluator:
             # Both flags, as in the child: cuDNN convolutions default to TF32 (allow_tf32=True) otherwise.
             torch.backends.cuda.matmul.allow_tf32 = self.problem.allow_tf32
             torch.backends.cudnn.allow_tf32 = self.problem.allow_tf32
-            outs = as_outputs(model(*inputs))
+            outs = self._called(model, inputs)
         if self.problem.mutates_inputs:  # the mutated inputs are part of the result
             outs = outs + tuple(v for v in inputs if isinstance(v, torch.Tensor))
         return tuple(o.detach() for o in outs)
@@ -150,7 +168,7 @@ class Evaluator:
                 inputs[k] = v.double()
         model = self._model("cpu" if host else self._ref_device(gpu), exact=True)
         with torch.no_grad():
-            outs = as_outputs(model(*inputs))
+            outs = self._called(model, inputs)
         if self.problem.mutates_inputs:
             outs = outs + tuple(v for v in inputs if isinstance(v, torch.Tensor))
         return tuple(o.detach() if isinstance(o, torch.Tensor) else None for o in outs)
@@ -206,7 +224,7 @@ class Evaluator:
         job = {"mode": mode, "device": self.config.device, "gpu": gpu, "problem": self.problem.path,
                "state_dict": str(self.state_path), "init_seed": self.init_seed, "log": str(self.workdir / f"{name}.log"),
                "allow_tf32": self.problem.allow_tf32, "mutates_inputs": self.problem.mutates_inputs,
-               "timing": asdict(self.config.timing), "share_min_bytes": self.config.share_min_bytes}
+               "mutated_state": list(self.problem.mutated_state), "timing": asdict(self.config.timing), "share_min_bytes": self.config.share_min_bytes}
         if candidate is not None:
             path = self.workdir / f"{name}.py"
             path.write_text(candidate.source)

@@ -183,6 +183,7 @@ class Session:
         self.origins = checks.ThreadOrigins(job.get("candidate", ""))
         self.procs = checks.child_processes()
         self.model: Any = None
+        self.initial_state: list[torch.Tensor] = []  # the loaded values of the state the reference writes
         self.problem: Any = None
         self.kernels: list[str] = []
         self.launches = 0
@@ -217,6 +218,7 @@ class Session:
             self.compiled = None
         else:
             self.model, weights = self._load_candidate()
+        self._keep_initial_state()
         self._check_tamper("import")
         self.chan.send({"msg": "loaded", "load_s": _perf() - t0, "kernels": self.kernels,
                         "weights": "reference" if self.job["mode"] == "baseline" else weights})
@@ -239,10 +241,11 @@ class Session:
         inputs = make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0), self.device)
         self.ghost = True
         try:
+            self._reset_state()
             with torch.no_grad():
                 out = self.model(*inputs)
             self._sync()
-            outs = self._with_inputs(as_outputs(out), inputs)
+            outs = self._with_inputs(as_outputs(out) + self._state_after(), inputs)
         except Exception as e:  # a crash with kernels disabled is a pass for the candidate
             self.chan.send({"msg": "output", "ghost_error": _one_line(e)})
             return
@@ -344,6 +347,7 @@ class Session:
         self.origins.candidate_file = os.path.realpath(path)
         self.kernels, self.first_call_s, self.out_specs, self.call_bytes = [], None, None, 0
         self.model, _ = self._load_candidate()
+        self._keep_initial_state()
 
     # --- helpers --------------------------------------------------------------------------------------------
     def _timed(self, fn: Any, sets: list[list[Any]], reply: str, calls: int, reps: int, check_at: list[float],
@@ -444,8 +448,36 @@ class Session:
         except Exception as e:
             raise Fail("runtime_error", f"ModelNew construction failed: {_one_line(e)}", traceback.format_exc())
 
+    def _keep_initial_state(self) -> None:
+        """The model's entries of the state the reference's forward writes, as loaded: each judged call starts from
+        them, and what the call leaves in them is judged beside the outputs."""
+        names = self.job.get("mutated_state") or []
+        state = self.model.state_dict()
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise Fail("incorrect", f"the model has no {missing[0]!r}, which the reference's forward updates")
+        with _harness_only():
+            self.initial_state = [state[n].detach().clone() for n in names]
+
+    def _reset_state(self) -> None:
+        names = self.job.get("mutated_state") or []
+        if names:
+            state = self.model.state_dict()
+            with _harness_only(), torch.no_grad():
+                for n, v in zip(names, self.initial_state):
+                    state[n].copy_(v)
+
+    def _state_after(self) -> tuple[Any, ...]:
+        names = self.job.get("mutated_state") or []
+        if not names:
+            return ()
+        state = self.model.state_dict()
+        with _harness_only():
+            return tuple(state[n].detach().clone() if n in state else None for n in names)
+
     def _call(self, inputs: list[Any]) -> tuple[Any, ...]:
         before = [v.clone() if isinstance(v, torch.Tensor) else None for v in inputs]
+        self._reset_state()
         cuda = self.device == "cuda"
         if cuda:
             self._peak_bytes()  # before the reset, which clears the peak so far
@@ -469,7 +501,7 @@ class Session:
                 for i, (b, v) in enumerate(zip(before, inputs)):
                     if b is not None and not same_values(b, v):
                         raise Fail("rejected", f"forward modified input {i} (the reference does not)")
-        return self._with_inputs(as_outputs(out), inputs)
+        return self._with_inputs(as_outputs(out) + self._state_after(), inputs)
 
     def _with_inputs(self, outs: tuple[Any, ...], inputs: list[Any]) -> tuple[Any, ...]:
         """When the reference mutates its inputs, the inputs after the call are part of the result and are judged."""
