@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root: any of the GPU test suite, the experience benchmark and the benchmark suite,
 # each writing its logs and JSON under $OUT and printing a short summary last.
-# Usage: OUT=dir STEPS="tests screen experience suite throughput kernelbench" BUDGET=40 AGAIN=120 \
+# Usage: OUT=dir STEPS="tests screen experience suite throughput kernelbench report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
-#        LEVELS="1 2" COVERAGE=table.json MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json bash bench/gpu_all.sh
+#        LEVELS="1 2" COVERAGE=table.json MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
+#        PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 OUT="${OUT:-bench/results/gpu}"
@@ -44,16 +45,28 @@ for step in ${STEPS:-tests experience}; do
         --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log" | tail -12 ;;
     kernelbench)
       # KernelBench problems a template family matches (bench/coverage.py's table), resumable: KB_JSON names a file
-      # from an earlier call to go on from, DEADLINE stops starting problems after that many seconds
+      # from an earlier call to go on from, DEADLINE stops starting problems after that many seconds, KB_ROOT names the
+      # KernelBench folder where ../shared/kernelbench is not beside the checkout
       [ -n "${KB_JSON:-}" ] && cp "$KB_JSON" "$OUT/kernelbench.json"
       # shellcheck disable=SC2086
-      python3 bench/kernelbench.py --device cuda --level ${LEVELS:-1 2} \
+      python3 bench/kernelbench.py --root "${KB_ROOT:-../shared/kernelbench}" --device cuda --level ${LEVELS:-1 2} \
         --matched "${COVERAGE:-bench/results/2026-12-02-kernelbench-coverage.json}" ${LIMIT:+--limit $LIMIT} \
         ${MIN_CLAIMED:+--min-claimed $MIN_CLAIMED} \
         --budget-s "${BUDGET:-20}" ${DEADLINE:+--deadline-s $DEADLINE} --out-dir "$OUT/kernelbench" \
         --json "$OUT/kernelbench.json" 2>&1 | tee "$OUT/kernelbench.log" | tail -8
       python3 bench/kernelbench.py --markdown --json "$OUT/kernelbench.json" | tail -12 ;;
-    *) echo "unknown step $step (tests, screen, experience, suite, throughput, kernelbench)"; exit 2 ;;
+    report)
+      # hardware counters of a problem's reference, a run of it (its report.html carries the counter table), and
+      # the counters of that run's best kernel; the run's work folder is dropped so that the report comes back
+      P="${PROBLEM:-bench/problems/layernorm_bf16.py}"
+      python3 -m kernelevolve.cli inspect "$P" --device cuda --ncu > "$OUT/inspect_ref.txt" 2>&1
+      python3 -m kernelevolve.cli optimize "$P" --device cuda --time-budget "${BUDGET:-45}" --out "$OUT/run" \
+        --db "$OUT/run.sqlite" > "$OUT/run.log" 2>&1
+      python3 -m kernelevolve.cli inspect "$P" --device cuda --ncu --candidate "$OUT/run/best.py" \
+        > "$OUT/inspect_best.txt" 2>&1
+      rm -rf "$OUT/run/.work" "$OUT"/run.sqlite*
+      tail -4 "$OUT/run.log"; tail -3 "$OUT/inspect_best.txt" ;;
+    *) echo "unknown step $step (tests, screen, experience, suite, throughput, kernelbench, report)"; exit 2 ;;
   esac
 done
 rm -rf "$OUT/experience"/*/ "$OUT/suite"/*/ "$OUT/kernelbench"/*/ "$OUT/throughput" "$OUT"/*/*.db* 2>/dev/null  # keep what comes back small: JSON and logs

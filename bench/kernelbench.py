@@ -43,6 +43,12 @@ def problem_id(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
+def _kb_order(row: dict[str, Any]) -> tuple[str, int, str]:
+    """Rows in KernelBench's order (level, then problem number), whichever call added them."""
+    level, _, stem = str(row.get("problem", "")).rpartition("/")
+    return level, _number(Path(stem)), stem
+
+
 def _number(path: Path) -> int:
     head = path.stem.split("_", 1)[0]
     return int(head) if head.isdigit() else 10**6
@@ -383,7 +389,6 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if not failed(r)]
     done = {r["problem"] for r in rows}
     todo = [p for p in paths if problem_id(p) not in done]
-    order = {problem_id(p): k for k, p in enumerate(paths)}
     head, store, t0 = header(args, device), None, time.monotonic()
     print(f"{len(paths)} problem(s): {len(paths) - len(todo)} already in {args.json}, {len(todo)} to run", flush=True)
     for i, path in enumerate(todo, 1):
@@ -400,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                 store = Store(args.out_dir / "kernelbench.db")
             row = optimize_problem(path, args, device, store)
         rows.append(row)
-        rows.sort(key=lambda r: order.get(r["problem"], len(order)))
+        rows.sort(key=_kb_order)
         write_json(args.json, head, rows)
         brief = {k: row.get(k) for k in ("status", "eager_ms", "compile_ms", "max_autotune_ms", "wall_s")}
         bad = {k: row.get(f"{k}_reason") for k in BASELINES

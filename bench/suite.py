@@ -215,10 +215,16 @@ def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
         row["dtype"] = problem.output_dtypes[0] if problem.output_dtypes else None
         opt = cfg.optimize_config(cfg.budget_s)
         work = cfg.out_dir / path.stem
+        t1 = time.monotonic()
         row["max_autotune_ms"], row["max_autotune_status"] = max_autotune_baseline(problem, opt, work / ".max-autotune",
                                                                                     store)
+        t2 = time.monotonic()
         outcome = optimize(src, opt, store, work)
+        # where the wall time went: loading the problem, the max-autotune baseline, then the run's own phases
+        row["phases"] = {"load_s": round(t1 - t0, 1), "max_autotune_s": round(t2 - t1, 1),
+                         "run_s": round(time.monotonic() - t2, 1)}
         fill_row(row, store, outcome.run_id)
+        row["phases"].update({k: round(v, 1) for k, v in store.run(outcome.run_id).phases.items()})
     except Exception as e:  # one problem's failure is recorded and the suite goes on
         row["error"] = f"{type(e).__name__}: {e}"[:1000]
     row["wall_s"] = round(time.monotonic() - t0, 1)
