@@ -58,6 +58,11 @@ FORMULATIONS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
                       "[x({R}, {C})]", FLOATS),
     "rmsnorm_sqrt": (SOFTMAX, "def forward(self, x):\n    return x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True)"
                      " + {EPS})", "[x({R}, {C})]", F32),
+    "groupnorm_spatial": (SOFTMAX, "def __init__(self):\n    super().__init__()\n    self.n = nn.GroupNorm(4, 16)\n"
+                          "def forward(self, x):\n    return torch.tanh(self.n(torch.relu(x)))",
+                          "[x({B}, 16, 5, {N})]", FLOATS),
+    "groupnorm_3d_no_affine": (SOFTMAX, "def forward(self, x):\n    return F.group_norm(x, 2, eps={EPS}) * 2.0",
+                               "[x({B}, 6, 3, 4, {N})]", F32),
     "rmsnorm_float": (SOFTMAX, "def __init__(self):\n    super().__init__()\n    self.w = nn.Parameter(torch.ones({C}))\n"
                       "def forward(self, x):\n    h = x.float()\n"
                       "    h = h * h.square().mean(-1, keepdim=True).add({EPS}).rsqrt()\n    return (h * self.w).to(x.dtype)",

@@ -51,3 +51,58 @@ def test_reductions_over_dims_apart(dims, keepdim):
         got, want = _merged(op)(x, dims, keepdim), op(x, dims, keepdim)
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+
+GROUP_NORM = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n = nn.GroupNorm(4, 12, affine={affine}).to(torch.{dtype})
+        if {affine}:  # weights away from their defaults, so that the affine shows in the values
+            with torch.no_grad():
+                self.n.weight.normal_()
+                self.n.bias.normal_()
+
+    def forward(self, x):
+        return torch.tanh(self.n(torch.relu(x)))
+
+
+def get_inputs():
+    return [torch.randn{shape}.to(torch.{dtype})]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("shape", [(2, 12, 5, 7), (3, 12, 2, 3, 4), (5, 12)])
+@pytest.mark.parametrize("affine, dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16")])
+def test_group_norm_over_spatial_dims_is_one_statistics_region_and_one_affine(shape, affine, dtype, tmp_path):
+    """The statistics over [N, G, C/G * HW] are one row reduction; the affine (a per-channel scale and shift of the
+    input) and the ops after it are one pointwise region: every op but the views is claimed, in the model's values."""
+    from kernelevolve.analyze.graph import capture, node_values
+    from kernelevolve.problem import build_model, import_module_from_path, load_problem, make_inputs
+    from kernelevolve.propose.template import _claim
+
+    path = tmp_path / "group_norm.py"
+    path.write_text(GROUP_NORM.format(affine=affine, dtype=dtype, shape=shape))
+    problem = load_problem(path)
+    graph = capture(problem)
+    module = import_module_from_path(path, "_group_norm_values")
+    expected = build_model(module, "Model", 0)(*make_inputs(module, 1))
+    out = node_values(graph)[graph.outputs()[0]]
+    torch.testing.assert_close(out.float(), expected.float(), **({"atol": 2e-2, "rtol": 2e-2}
+                                                                 if dtype == "bfloat16" else {}))
+    plan = _claim(graph, problem, "cuda")
+    claimed = {n for r in plan.regions for n in r.match.nodes}
+    left = {op_name(n) for n in graph.calls() if n not in claimed}
+    assert left <= {"view", "_unsafe_view", "reshape", "unsqueeze", "expand", "as_strided", "_to_copy"}, left
+    if len(shape) > 2:  # the statistics in one region, the affine beside tanh in another
+        kinds = [r.match.kind for r in plan.regions if "sum" in {op_name(n) for n in r.match.nodes}]
+        assert kinds == ["row_reduction"]
+        assert any({"tanh", "mul", "add"} <= {op_name(n) for n in r.match.nodes} for r in plan.regions)

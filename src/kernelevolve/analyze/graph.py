@@ -217,6 +217,33 @@ def _merged(op: Callable) -> Callable:
     return reduce
 
 
+def _group_norm(default: Callable) -> Callable:
+    """GroupNorm over spatial dims as a reduction frame the row-reduction family reads whole: the statistics over
+    [N, G, C/G * HW] (the library's decomposition computes them in a [N, G, C/G, HW] view, which splits the reduced
+    dim), then one per-channel scale and shift applied to the input, ``x * a[n, c] + b[n, c]``. Without spatial dims
+    (HW == 1) the library's form is kept: statistics and affine already share one [N, G, C/G] frame there."""
+
+    def decomposed(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, n: int, c: int, hw: int,
+                   group: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not isinstance(hw, int) or hw == 1 or x.dim() < 3:
+            return default(x, weight, bias, n, c, hw, group, eps)
+        cg = c // group
+        acc = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+        xg = acc.reshape(n, group, cg * hw)
+        mean = torch.sum(xg, [2], keepdim=True) / (cg * hw)
+        d = xg - mean
+        rstd = torch.rsqrt(torch.sum(d * d, [2], keepdim=True) / (cg * hw) + eps)
+        scale = rstd * weight.reshape(1, group, cg) if weight is not None else rstd.expand(n, group, cg)
+        shift = -mean * scale
+        if bias is not None:
+            shift = shift + bias.reshape(1, group, cg)
+        per_channel = [n, c] + [1] * (x.dim() - 2)
+        out = acc * scale.reshape(per_channel) + shift.reshape(per_channel)
+        return out.to(x.dtype), mean.reshape(n, group).to(x.dtype), rstd.reshape(n, group).to(x.dtype)
+
+    return decomposed
+
+
 def _decompositions() -> dict[Any, Callable]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -230,6 +257,7 @@ def _decompositions() -> dict[Any, Callable]:
     for op in (aten.mean.dim, aten.mean.default):
         table[op] = _mean
     table[aten.var_mean.correction] = _var_mean
+    table[aten.native_group_norm.default] = _group_norm(table[aten.native_group_norm.default])
     table[aten.var.correction] = _var
     table[aten.sum.dim_IntList] = _merged(torch.sum)
     table[aten.amax.default] = _merged(torch.amax)

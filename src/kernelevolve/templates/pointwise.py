@@ -84,6 +84,10 @@ class PointwiseTemplate:
                 continue
             region = convex_core(self._grow(seed, set(free) - seen, full))
             if seed not in region:
+                # a path leaves the chain and comes back (a prologue read by a norm's statistics and by its affine):
+                # the chain from the seed without what the first try kept is convex, and reads that as an input
+                region = convex_core(self._grow(seed, set(free) - seen - region, full))
+            if seed not in region:
                 continue
             outs = [n for n in region if any(u not in region for u in n.users)]
             if any(shape(o) != full for o in outs):
