@@ -47,7 +47,7 @@ class Problem:
     n_shapes: int = 1
     mutates_inputs: bool = False
     output_dtypes: tuple[str, ...] = ()
-    # state_dict entries the forward writes (running statistics in training mode): judged after a call from the
+    # buffers the forward writes (running statistics in training mode), by name: judged after a call from the
     # initial state, beside the outputs
     mutated_state: tuple[str, ...] = ()
 
@@ -224,7 +224,7 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
     model = _call(path, "Model(*get_init_inputs())", build_model, module, "Model", 0).to(device)
     dtypes: tuple[str, ...] = ()
     mutates = False
-    state = {n: v.clone() for n, v in model.state_dict().items()}
+    state = {n: v.clone() for n, v in model.named_buffers()}  # buffers only: a forward that writes them
     written: set[str] = set()
     for k in range(shapes):
         # drawn on the device itself where it can be: a CPU draw of gigabytes of inputs takes seconds
@@ -242,7 +242,7 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
         mutates = mutates or any(
             isinstance(b, torch.Tensor) and not same_values(b, v) for b, v in zip(before, inputs)
         )
-        now = model.state_dict()
+        now = dict(model.named_buffers())
         written |= {n for n, v in state.items() if n in now and not same_values(v, now[n])}
     return Problem(
         path=str(path.resolve()),

@@ -202,3 +202,6 @@ def test_state_the_reference_updates_is_judged(running_stats_evaluator, candidat
     assert r.status == Status.INCORRECT, f"{r.status.value}: {r.reason}"
     r = running_stats_evaluator.evaluate(candidate("keeps_running_stats"))
     assert r.ok, f"{r.status.value}: {r.reason}\n{r.error[-600:]}"
+    # updates only in its first calls, none while timed: the check after the timed loop compares the state too
+    r = running_stats_evaluator.evaluate(candidate("stats_only_first_calls"))
+    assert r.status == Status.INCORRECT and "post-timing" in r.reason, f"{r.status.value}: {r.reason}"

@@ -113,3 +113,70 @@ def test_the_template_kernel_of_an_often_empty_jagged_problem_is_verified(tmp_pa
     for k in range(3):  # fresh draws each time: about half of them empty
         result = Evaluator(problem, config, tmp_path / f"work{k}").evaluate(cand)
         assert result.ok, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"
+
+
+ACCUMULATE = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, v, w, acc):
+        acc.add_((v * w).sum(0, keepdim=True))  # v has no row on half the draws
+        return acc
+
+
+def get_inputs():
+    n = 1 if torch.initial_seed() == 0 else int(torch.randint(0, 2, (1,)))  # the draw that finds the mutation: full
+    return [torch.randn(n, 7), torch.randn(7), torch.zeros(1, 7)]
+
+
+def get_init_inputs():
+    return []
+'''
+ACCUMULATE_KERNEL = ACCUMULATE + '''
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _acc(v_ptr, w_ptr, acc_ptr, n, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    d = tl.arange(0, BLOCK_D)
+    a = tl.load(acc_ptr + d, mask=d < D, other=0.0)
+    w = tl.load(w_ptr + d, mask=d < D, other=0.0)
+    for r in range(0, n):
+        a += tl.load(v_ptr + r * D + d, mask=d < D, other=0.0) * w
+    tl.store(acc_ptr + d, a, mask=d < D)
+
+
+class ModelNew(Model):
+    def forward(self, v, w, acc):
+        _acc[(1,)](v.contiguous(), w, acc, v.shape[0], D=7, BLOCK_D=8)
+        return acc
+'''
+
+
+def test_inputs_the_reference_mutates_do_not_make_an_empty_draw_informative(tmp_path, monkeypatch):
+    """The mutated inputs come back beside the outputs (a weight among them, never zero): whether a draw can tell a
+    kernel from none is read from the outputs alone."""
+    path = tmp_path / "accumulate.py"
+    path.write_text(ACCUMULATE)
+    problem = load_problem(path, "cpu")
+    assert problem.mutates_inputs
+    module = import_module_from_path(path, "_ghost_accumulate")
+    empty = [s for s in range(64) if make_inputs(module, s)[0].shape[0] == 0][:2]
+    full = [s for s in range(64) if make_inputs(module, s)[0].shape[0] > 0][:2]
+    seeds = iter(empty + full)
+    real, ghost = ev.fresh_seed, Evaluator._ghost
+
+    def ghost_on_empty_draws_first(self, child, gpu, draws=ev.GHOST_DRAWS):
+        monkeypatch.setattr(ev, "fresh_seed", lambda: next(seeds))
+        try:
+            return ghost(self, child, gpu, draws)
+        finally:
+            monkeypatch.setattr(ev, "fresh_seed", real)
+
+    monkeypatch.setattr(Evaluator, "_ghost", ghost_on_empty_draws_first)
+    config = EvalConfig(device="cpu", timeout_s=300, time_candidates=False)
+    result = Evaluator(problem, config, tmp_path / "work").evaluate(Candidate(ACCUMULATE_KERNEL, proposer="manual"))
+    assert result.status == Status.OK, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"

@@ -32,3 +32,4 @@ def test_secret_readable_from_parent_environ(secret_probe_results):
     status, reason = secret_probe_results["gap_parent_environ.py"]
     assert status == Status.OK.value, reason
 
+

@@ -101,7 +101,7 @@ class Evaluator:
             if key not in self._models:
                 model = build_model(self.module, "Model", self.init_seed).to(dev)
                 self._models[key] = model.double() if exact else model
-                state = self._models[key].state_dict()
+                state = dict(self._models[key].named_buffers())
                 self._initial[key] = [state[n].clone() for n in self.problem.mutated_state]
             return self._models[key]
 
@@ -111,13 +111,15 @@ class Evaluator:
         names = self.problem.mutated_state
         if not names:
             return as_outputs(model(*inputs))
-        key = next(k for k, m in self._models.items() if m is model)
+        with self._lock:
+            initial = next(self._initial[k] for k, m in self._models.items() if m is model)
         with self._state_lock:
-            state = model.state_dict()
-            for n, v in zip(names, self._initial[key]):
+            state = dict(model.named_buffers())
+            for n, v in zip(names, initial):
                 state[n].copy_(v)
             outs = as_outputs(model(*inputs))
-            return outs + tuple(state[n].clone() for n in names)
+            state = dict(model.named_buffers())  # again: a forward may rebind a buffer rather than write it
+            return outs + tuple(state[n].detach().clone() for n in names)
 
     def _inputs(self, seed: int, shape: int, dev: str, host: bool) -> list[Any]:
         """The inputs drawn with ``seed`` on the reference device (the values the child draws), moved to the host
@@ -352,7 +354,7 @@ class Evaluator:
                 return
             if self._compare(ref, _load_tensors(header, blob, _device_of(ref))) is not None:
                 return
-            if _informative(ref):
+            if _informative(ref[:len(self.problem.output_dtypes) or len(ref)]):  # the outputs, not state or inputs
                 break
         else:
             return

@@ -257,7 +257,7 @@ class Session:
         shape = cmd.get("shape", 0)
         self.inputs = None  # the last trial's inputs: their memory goes to the input sets
         compiled = bool(cmd.get("compiled"))
-        fn = torch.compile(self.model) if compiled else self.model
+        fn = self._from_initial_state(torch.compile(self.model) if compiled else self.model)
         if compiled or self.out_specs is None:  # a baseline has run no trial: one call tells the outputs' sizes
             t0 = _perf()
             with torch.no_grad():
@@ -312,9 +312,10 @@ class Session:
             del inputs
             plan = self._memory_plan(seeds, 0)
             sets = self._input_sets(seeds, 0, plan["input_sets"])
+            fn = self._from_initial_state(self.model)
             with torch.no_grad():
-                calls, reps = timing.warm_up(self.model, sets, self.device, cfg)
-                run = timing.measure(self.model, sets, self.device, reps, cfg, calls, in_place=plan["in_place"])
+                calls, reps = timing.warm_up(fn, sets, self.device, cfg)
+                run = timing.measure(fn, sets, self.device, reps, cfg, calls, in_place=plan["in_place"])
             del sets
             self._check_tamper("timing")
             self.chan.send({"msg": "screen_timed", "samples_ms": run.samples_ms, "method": run.method,
@@ -448,32 +449,51 @@ class Session:
         except Exception as e:
             raise Fail("runtime_error", f"ModelNew construction failed: {_one_line(e)}", traceback.format_exc())
 
-    def _keep_initial_state(self) -> None:
-        """The model's entries of the state the reference's forward writes, as loaded: each judged call starts from
-        them, and what the call leaves in them is judged beside the outputs."""
+    def _state(self) -> list[torch.Tensor]:
+        """The model's tensors of the state the reference's forward writes, found through nn.Module's own lookup (not
+        an overridable state_dict()), again at every use: a forward may rebind a buffer rather than write it."""
         names = self.job.get("mutated_state") or []
-        state = self.model.state_dict()
-        missing = [n for n in names if n not in state]
-        if missing:
-            raise Fail("incorrect", f"the model has no {missing[0]!r}, which the reference's forward updates")
+        found = []
+        for n in names:
+            t = _state_tensor(self.model, n)
+            if t is None:
+                raise Fail("incorrect", f"the model has no {n!r}, which the reference's forward updates")
+            found.append(t)
+        return found
+
+    def _keep_initial_state(self) -> None:
+        """The model's entries of the state the reference's forward writes, as loaded: every judged and every timed
+        call starts from them, and what a judged call leaves in them is judged beside the outputs."""
+        state = self._state()
         with _harness_only():
-            self.initial_state = [state[n].detach().clone() for n in names]
+            self.initial_state = [t.detach().clone() for t in state]
 
     def _reset_state(self) -> None:
-        names = self.job.get("mutated_state") or []
-        if names:
-            state = self.model.state_dict()
+        if self.initial_state:
+            state = self._state()
             with _harness_only(), torch.no_grad():
-                for n, v in zip(names, self.initial_state):
-                    state[n].copy_(v)
+                for t, v in zip(state, self.initial_state):
+                    t.copy_(v)
 
     def _state_after(self) -> tuple[Any, ...]:
-        names = self.job.get("mutated_state") or []
-        if not names:
+        if not self.job.get("mutated_state"):
             return ()
-        state = self.model.state_dict()
+        state = self._state()
         with _harness_only():
-            return tuple(state[n].detach().clone() if n in state else None for n in names)
+            return tuple(t.detach().clone() for t in state)
+
+    def _from_initial_state(self, fn: Any) -> Any:
+        """``fn`` starting each call from the initial state, for the timed loops: a timed repetition is then the call
+        the judged ones are (its checked outputs have the same reference), at the cost of a few small copies, the
+        same for every candidate and for the baselines."""
+        if not self.initial_state:
+            return fn
+
+        def call(*args: Any) -> Any:
+            self._reset_state()
+            return fn(*args)
+
+        return call
 
     def _call(self, inputs: list[Any]) -> tuple[Any, ...]:
         before = [v.clone() if isinstance(v, torch.Tensor) else None for v in inputs]
@@ -600,6 +620,19 @@ def _restore_backends(flags: dict[str, Any]) -> None:
     torch.backends.cudnn.allow_tf32 = flags["cudnn_tf32"]
     torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
     torch.set_default_dtype(flags["dtype"])
+
+
+def _state_tensor(model: Any, name: str) -> torch.Tensor | None:
+    """The buffer or parameter ``name`` of ``model``, through nn.Module's own lookup; None where it has none (or
+    holds something other than a plain tensor or parameter there)."""
+    for find in (torch.nn.Module.get_buffer, torch.nn.Module.get_parameter):
+        try:
+            t = find(model, name)
+        except Exception:  # not that kind of entry, or no such entry
+            continue
+        if type(t) in (torch.Tensor, torch.nn.Parameter):
+            return t
+    return None
 
 
 @contextlib.contextmanager
