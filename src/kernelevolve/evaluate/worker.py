@@ -472,8 +472,11 @@ class Session:
         if self.initial_state:
             state = self._state()
             with _harness_only(), torch.no_grad():
-                for t, v in zip(state, self.initial_state):
-                    t.copy_(v)
+                try:  # one launch for all of them where it can (a ResNet has three buffers per batch norm)
+                    torch._foreach_copy_(state, self.initial_state)
+                except (AttributeError, RuntimeError, TypeError):
+                    for t, v in zip(state, self.initial_state):
+                        t.copy_(v)
 
     def _state_after(self) -> tuple[Any, ...]:
         if not self.job.get("mutated_state"):
