@@ -47,8 +47,8 @@ class Problem:
     n_shapes: int = 1
     mutates_inputs: bool = False
     output_dtypes: tuple[str, ...] = ()
-    # buffers the forward writes (running statistics in training mode), by name: judged after a call from the
-    # initial state, beside the outputs
+    # buffers and parameters the forward writes (running statistics in training mode), by name: judged after a call
+    # from the initial state, beside the outputs
     mutated_state: tuple[str, ...] = ()
 
     @property
@@ -224,7 +224,7 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
     model = _call(path, "Model(*get_init_inputs())", build_model, module, "Model", 0).to(device)
     dtypes: tuple[str, ...] = ()
     mutates = False
-    state = {n: v.clone() for n, v in model.named_buffers()}  # buffers only: a forward that writes them
+    state = _state_marks(model)
     written: set[str] = set()
     for k in range(shapes):
         # drawn on the device itself where it can be: a CPU draw of gigabytes of inputs takes seconds
@@ -242,8 +242,8 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
         mutates = mutates or any(
             isinstance(b, torch.Tensor) and not same_values(b, v) for b, v in zip(before, inputs)
         )
-        now = dict(model.named_buffers())
-        written |= {n for n, v in state.items() if n in now and not same_values(v, now[n])}
+        now = _state_marks(model)
+        written |= {n for n, mark in state.items() if _written(mark, now.get(n))}
     return Problem(
         path=str(path.resolve()),
         source=source,
@@ -257,6 +257,71 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
         output_dtypes=dtypes,
         mutated_state=tuple(n for n in state if n in written),
     )
+
+
+def _state_marks(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, int, torch.Tensor | None]]:
+    """Each buffer and parameter with its version counter, and a copy of each buffer: a forward that rebinds one
+    leaves another tensor there, a write through torch bumps the counter, and a buffer a native kernel writes (batch
+    norm's running statistics) changes value. Parameters, the bulk of a model, are not copied."""
+    marks: dict[str, tuple[torch.Tensor, int, torch.Tensor | None]] = {}
+    with torch.no_grad():
+        for n, t in model.named_buffers():
+            marks[n] = (t, t._version, t.clone())
+        for n, t in model.named_parameters():
+            marks[n] = (t, t._version, None)
+    return marks
+
+
+def _written(before: tuple[torch.Tensor, int, torch.Tensor | None],
+             now: tuple[torch.Tensor, int, torch.Tensor | None] | None) -> bool:
+    if now is None:
+        return False
+    return now[0] is not before[0] or now[1] != before[1] or (before[2] is not None
+                                                             and not same_values(before[2], now[0]))
+
+
+class StateSlots:
+    """The buffers and parameters ``names`` of ``model``, each read from its owning module's own table every time (a
+    forward may rebind one; nn.Module's __getattr__, which a model may override, is not asked), and put back to the
+    values they had when the slots were made."""
+
+    def __init__(self, model: torch.nn.Module, names: Sequence[str]):
+        self.slots: list[tuple[dict[str, Any], str]] = []
+        for name in names:
+            prefix, _, leaf = name.rpartition(".")
+            try:
+                owner = torch.nn.Module.get_submodule(model, prefix) if prefix else model
+            except AttributeError:
+                raise KeyError(name) from None
+            table = next((t for t in (owner._buffers, owner._parameters)
+                          if type(t.get(leaf)) in (torch.Tensor, torch.nn.Parameter)), None)
+            if table is None:
+                raise KeyError(name)
+            self.slots.append((table, leaf))
+        with torch.no_grad():
+            self.initial = [t.detach().clone() for t in self.read()]
+
+    def read(self) -> list[torch.Tensor]:
+        return [table[leaf] for table, leaf in self.slots]
+
+    def reset(self) -> None:
+        """The initial values back: copied in place, a few launches (one per device and dtype); a slot that now holds
+        a tensor of another shape, dtype or device (a rebinding forward) gets a copy of its initial tensor."""
+        groups: dict[tuple[Any, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        with torch.no_grad():
+            for (table, leaf), init in zip(self.slots, self.initial):
+                t = table[leaf]
+                if not isinstance(t, torch.Tensor) or (t.shape, t.dtype, t.device) != (init.shape, init.dtype,
+                                                                                         init.device):
+                    fresh = init.clone()
+                    table[leaf] = torch.nn.Parameter(fresh, t.requires_grad) if isinstance(t, torch.nn.Parameter) \
+                        else fresh
+                    continue
+                dst, src = groups.setdefault((t.device, t.dtype), ([], []))
+                dst.append(t)
+                src.append(init)
+            for dst, src in groups.values():
+                torch._foreach_copy_(dst, src)
 
 
 def _float_attr(path: Path, module: ModuleType, name: str) -> float | None:

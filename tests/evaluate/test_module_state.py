@@ -62,6 +62,34 @@ class Model(nn.Module):
         self.seen.add_(x.abs().amax(0))
         return x + self.seen
 ''',
+    # a parameter the forward writes (a decaying weight)
+    "parameter": '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(16), requires_grad=False)
+
+    def forward(self, x):
+        self.scale.mul_(1.01)
+        return x * self.scale
+''',
+    # a growing cache: the forward rebinds its buffer with a new shape
+    "grow": '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 16))
+
+    def forward(self, x):
+        self.cache = torch.cat([self.cache, x[:1]], 0)
+        return x * 2 + self.cache.sum()
+''',
 }
 COPY = "\n\nclass ModelNew(Model):\n    pass\n"
 FORGETS = {  # the same outputs from a state that never moves

@@ -22,8 +22,8 @@ from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
 from kernelevolve.evaluate.timing import TimingConfig
-from kernelevolve.problem import (Problem, as_outputs, build_model, import_module_from_path, input_specs,
-                                 make_inputs)
+from kernelevolve.problem import (Problem, StateSlots, as_outputs, build_model, import_module_from_path,
+                                 input_specs, make_inputs)
 
 log = logging.getLogger(__name__)
 Buffer = bytes | bytearray | memoryview
@@ -86,7 +86,7 @@ class Evaluator:
         self.state_path = self.workdir / "reference_state.pt"
         torch.save(build_model(self.module, "Model", self.init_seed).state_dict(), self.state_path)
         self._models: dict[str, torch.nn.Module] = {}
-        self._initial: dict[str, list[torch.Tensor]] = {}  # per model: the initial values of the state it writes
+        self._slots: dict[str, StateSlots] = {}  # per model: the state its forward writes, and its initial values
         self._lock = threading.Lock()
         self._state_lock = threading.Lock()  # a stateful reference is reset, called and read by one thread at a time
         self._varying: bool | None = None  # whether input shapes change between draws; found at the first re-call
@@ -101,8 +101,8 @@ class Evaluator:
             if key not in self._models:
                 model = build_model(self.module, "Model", self.init_seed).to(dev)
                 self._models[key] = model.double() if exact else model
-                state = dict(self._models[key].named_buffers())
-                self._initial[key] = [state[n].clone() for n in self.problem.mutated_state]
+                if self.problem.mutated_state:
+                    self._slots[key] = StateSlots(self._models[key], self.problem.mutated_state)
             return self._models[key]
 
     def _called(self, model: torch.nn.Module, inputs: list[Any]) -> tuple[Any, ...]:
@@ -112,14 +112,11 @@ class Evaluator:
         if not names:
             return as_outputs(model(*inputs))
         with self._lock:
-            initial = next(self._initial[k] for k, m in self._models.items() if m is model)
+            slots = next(self._slots[k] for k, m in self._models.items() if m is model)
         with self._state_lock:
-            state = dict(model.named_buffers())
-            for n, v in zip(names, initial):
-                state[n].copy_(v)
+            slots.reset()
             outs = as_outputs(model(*inputs))
-            state = dict(model.named_buffers())  # again: a forward may rebind a buffer rather than write it
-            return outs + tuple(state[n].detach().clone() for n in names)
+            return outs + tuple(t.detach().clone() for t in slots.read())
 
     def _inputs(self, seed: int, shape: int, dev: str, host: bool) -> list[Any]:
         """The inputs drawn with ``seed`` on the reference device (the values the child draws), moved to the host

@@ -61,17 +61,18 @@ def _call_until(fn: Callable[..., Any], live: "_LiveInputs", budget_s: float, sy
 
 
 def warm_up(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str,
-            cfg: TimingConfig = TimingConfig()) -> tuple[int, int]:
+            cfg: TimingConfig = TimingConfig(), before: Callable[[], None] | None = None) -> tuple[int, int]:
     """Call ``fn`` for ``cfg.warmup_ms``; return (warm-up calls, repetitions that fill ``cfg.budget_ms``)."""
     sync = _sync if device.startswith("cuda") else (lambda: None)
-    calls, per_call_s = _call_until(fn, _LiveInputs(input_sets), cfg.warmup_ms / 1e3, sync, min_calls=2)
+    calls, per_call_s = _call_until(fn, _LiveInputs(input_sets, before=before), cfg.warmup_ms / 1e3, sync,
+                                    min_calls=2)
     reps = int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / 1e3 / max(per_call_s, 1e-6))))
     return calls, reps
 
 
 def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, reps: int,
             cfg: TimingConfig = TimingConfig(), warm_calls: int = 0, keep: Sequence[int] = (),
-            keep_on_host: bool = False, in_place: bool = False) -> TimingRun:
+            keep_on_host: bool = False, in_place: bool = False, before: Callable[[], None] | None = None) -> TimingRun:
     """Time ``reps`` calls of ``fn``. Before each, outside the timed window, the next input set's values are copied
     into the same buffers (so a cache keyed on pointer, id or version goes stale) and the cache is flushed. The
     outputs of the repetitions in ``keep`` are copied (to host memory with ``keep_on_host``) and returned, so that
@@ -79,7 +80,7 @@ def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
     inputs too large to hold twice; only for ops that leave their inputs alone)."""
     cuda = device.startswith("cuda")
     flush = torch.empty(FLUSH_BYTES["cuda" if cuda else "cpu"], dtype=torch.int8, device=device) if cfg.flush else None
-    live = _LiveInputs(input_sets, in_place)
+    live = _LiveInputs(input_sets, in_place, before)
     loop = _time_cuda if cuda else _time_cpu
     return loop(fn, live, reps, flush, warm_calls, set(keep), keep_on_host)
 
@@ -94,14 +95,17 @@ class _LiveInputs:
     """One set of input buffers, refilled from the rotating input sets before each call: the sets themselves are never
     passed to the function, so they stay pristine even when the op mutates its inputs."""
 
-    def __init__(self, input_sets: Sequence[Sequence[Any]], in_place: bool = False):
-        self.sets = input_sets
+    def __init__(self, input_sets: Sequence[Sequence[Any]], in_place: bool = False,
+                 before: Callable[[], None] | None = None):
+        self.sets, self.before = input_sets, before
         if in_place and len(input_sets) == 1:
             self.args = list(input_sets[0])
         else:
             self.args = [v.clone() if isinstance(v, torch.Tensor) else v for v in input_sets[0]]
 
     def load(self, i: int) -> list[Any]:
+        if self.before is not None:  # the harness's own step before each call (a model's state put back), untimed
+            self.before()
         for buf, src in zip(self.args, self.sets[i % len(self.sets)]):
             if isinstance(buf, torch.Tensor) and buf is not src:
                 buf.copy_(src)

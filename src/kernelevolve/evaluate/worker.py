@@ -20,8 +20,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from kernelevolve.evaluate import checks, devshare, timing
-from kernelevolve.problem import (as_outputs, import_module_from_path, input_specs, make_inputs, same_values,
-                                 seed_everything)
+from kernelevolve.problem import (StateSlots, as_outputs, import_module_from_path, input_specs, make_inputs,
+                                 same_values, seed_everything)
 
 _no_function_modes = torch._C.DisableTorchFunction
 _no_dispatch_modes = _disable_current_modes
@@ -183,7 +183,7 @@ class Session:
         self.origins = checks.ThreadOrigins(job.get("candidate", ""))
         self.procs = checks.child_processes()
         self.model: Any = None
-        self.initial_state: list[torch.Tensor] = []  # the loaded values of the state the reference writes
+        self.state: StateSlots | None = None  # the state the reference's forward writes, with its loaded values
         self.problem: Any = None
         self.kernels: list[str] = []
         self.launches = 0
@@ -257,9 +257,10 @@ class Session:
         shape = cmd.get("shape", 0)
         self.inputs = None  # the last trial's inputs: their memory goes to the input sets
         compiled = bool(cmd.get("compiled"))
-        fn = self._from_initial_state(torch.compile(self.model) if compiled else self.model)
+        fn = torch.compile(self.model) if compiled else self.model
         if compiled or self.out_specs is None:  # a baseline has run no trial: one call tells the outputs' sizes
             t0 = _perf()
+            self._reset_state()
             with torch.no_grad():
                 self._learn_outputs(fn(*make_inputs(self.problem, cmd["seeds"][0], shape, self.device)))
             self._sync()
@@ -269,14 +270,14 @@ class Session:
         sets = self._input_sets(cmd["seeds"], shape, plan["input_sets"])
         check_at = cmd.get("check_at", [])
         with torch.no_grad():
-            calls, reps = timing.warm_up(fn, sets, self.device, self.cfg)
+            calls, reps = timing.warm_up(fn, sets, self.device, self.cfg, self._before())
             # First the same loop over the same inputs with a stand-in that returns harness-made tensors shaped like
             # the outputs: every cost of the loop but the call itself (refills, flushes, syncs, the copies of the
             # checked repetitions), as many repetitions (up to CALIBRATION_REPS) with as many checked. It is the
             # parent's measure of what the timed loop may cost beyond the times it reports.
             stand_in = _returning(tuple(torch.empty(shape_, dtype=dtype, device=self.device)
                                         for shape_, dtype in self.out_specs))
-            warm, _ = timing.warm_up(stand_in, sets, self.device, CALIBRATION_WARMUP)
+            warm, _ = timing.warm_up(stand_in, sets, self.device, CALIBRATION_WARMUP, self._before())
             self._timed(stand_in, sets, "calibrated", warm, min(reps, CALIBRATION_REPS), check_at, plan)
             del stand_in  # and its outputs' memory
             self._timed(fn, sets, "timed", calls, reps, check_at, plan)
@@ -312,10 +313,10 @@ class Session:
             del inputs
             plan = self._memory_plan(seeds, 0)
             sets = self._input_sets(seeds, 0, plan["input_sets"])
-            fn = self._from_initial_state(self.model)
             with torch.no_grad():
-                calls, reps = timing.warm_up(fn, sets, self.device, cfg)
-                run = timing.measure(fn, sets, self.device, reps, cfg, calls, in_place=plan["in_place"])
+                calls, reps = timing.warm_up(self.model, sets, self.device, cfg, self._before())
+                run = timing.measure(self.model, sets, self.device, reps, cfg, calls, in_place=plan["in_place"],
+                                     before=self._before())
             del sets
             self._check_tamper("timing")
             self.chan.send({"msg": "screen_timed", "samples_ms": run.samples_ms, "method": run.method,
@@ -360,7 +361,7 @@ class Session:
         if self.chan.recv().get("cmd") != "go":
             raise Fail("runtime_error", "protocol: expected the parent's go before a timed loop")
         run = timing.measure(fn, sets, self.device, reps, self.cfg, calls, keep, plan["keep_on_host"],
-                             plan["in_place"])
+                             plan["in_place"], self._before())
         self.chan.send({"msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
                         "host_ms": _median(run.host_ms),
                         "loop_wall_s": run.loop_wall_s, "reps": reps, "warmup_calls": calls, "method": run.method,
@@ -449,54 +450,47 @@ class Session:
         except Exception as e:
             raise Fail("runtime_error", f"ModelNew construction failed: {_one_line(e)}", traceback.format_exc())
 
-    def _state(self) -> list[torch.Tensor]:
-        """The model's tensors of the state the reference's forward writes, found through nn.Module's own lookup (not
-        an overridable state_dict()), again at every use: a forward may rebind a buffer rather than write it."""
-        names = self.job.get("mutated_state") or []
-        found = []
-        for n in names:
-            t = _state_tensor(self.model, n)
-            if t is None:
-                raise Fail("incorrect", f"the model has no {n!r}, which the reference's forward updates")
-            found.append(t)
-        return found
-
     def _keep_initial_state(self) -> None:
-        """The model's entries of the state the reference's forward writes, as loaded: every judged and every timed
-        call starts from them, and what a judged call leaves in them is judged beside the outputs."""
-        state = self._state()
+        """The model's buffers and parameters the reference's forward writes, as loaded: every judged and every timed
+        call starts from them (put back outside the timed window), and what a judged call leaves in them is judged
+        beside the outputs."""
+        names = self.job.get("mutated_state") or []
+        self.state = None
+        if not names:
+            return
+        try:
+            with _harness_only():
+                self.state = StateSlots(self.model, names)
+        except KeyError as e:
+            raise Fail("incorrect", f"the model has no buffer or parameter {e.args[0]!r}, which the reference's "
+                                    "forward updates") from None
+        # the initial values are the reference's where its saved state has them, not whatever the model was left
+        # holding after its construction and .to()
+        saved = torch.load(self.job["state_dict"], weights_only=True)
         with _harness_only():
-            self.initial_state = [t.detach().clone() for t in state]
+            for k, name in enumerate(names):
+                ref, mine = saved.get(name), self.state.initial[k]
+                if ref is None:
+                    continue
+                if (ref.shape, ref.dtype) != (mine.shape, mine.dtype):
+                    raise Fail("incorrect", f"{name!r} is {tuple(mine.shape)} {mine.dtype}, the reference's "
+                                            f"{tuple(ref.shape)} {ref.dtype}")
+                self.state.initial[k] = ref.to(mine.device)
 
     def _reset_state(self) -> None:
-        if self.initial_state:
-            state = self._state()
-            with _harness_only(), torch.no_grad():
-                try:  # one launch for all of them where it can (a ResNet has three buffers per batch norm)
-                    torch._foreach_copy_(state, self.initial_state)
-                except (AttributeError, RuntimeError, TypeError):
-                    for t, v in zip(state, self.initial_state):
-                        t.copy_(v)
+        if self.state is not None:
+            with _harness_only():
+                self.state.reset()
 
     def _state_after(self) -> tuple[Any, ...]:
-        if not self.job.get("mutated_state"):
+        if self.state is None:
             return ()
-        state = self._state()
         with _harness_only():
-            return tuple(t.detach().clone() for t in state)
+            return tuple(t.detach().clone() for t in self.state.read())
 
-    def _from_initial_state(self, fn: Any) -> Any:
-        """``fn`` starting each call from the initial state, for the timed loops: a timed repetition is then the call
-        the judged ones are (its checked outputs have the same reference), at the cost of a few small copies, the
-        same for every candidate and for the baselines."""
-        if not self.initial_state:
-            return fn
-
-        def call(*args: Any) -> Any:
-            self._reset_state()
-            return fn(*args)
-
-        return call
+    def _before(self) -> Any:
+        """What the timing loops run before each call, outside the timed window: the model's state put back."""
+        return self._reset_state if self.state is not None else None
 
     def _call(self, inputs: list[Any]) -> tuple[Any, ...]:
         before = [v.clone() if isinstance(v, torch.Tensor) else None for v in inputs]
@@ -623,19 +617,6 @@ def _restore_backends(flags: dict[str, Any]) -> None:
     torch.backends.cudnn.allow_tf32 = flags["cudnn_tf32"]
     torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
     torch.set_default_dtype(flags["dtype"])
-
-
-def _state_tensor(model: Any, name: str) -> torch.Tensor | None:
-    """The buffer or parameter ``name`` of ``model``, through nn.Module's own lookup; None where it has none (or
-    holds something other than a plain tensor or parameter there)."""
-    for find in (torch.nn.Module.get_buffer, torch.nn.Module.get_parameter):
-        try:
-            t = find(model, name)
-        except Exception:  # not that kind of entry, or no such entry
-            continue
-        if type(t) in (torch.Tensor, torch.nn.Parameter):
-            return t
-    return None
 
 
 @contextlib.contextmanager
