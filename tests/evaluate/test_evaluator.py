@@ -202,9 +202,12 @@ def test_state_the_reference_updates_is_judged(running_stats_evaluator, candidat
     assert r.status == Status.INCORRECT, f"{r.status.value}: {r.reason}"
     r = running_stats_evaluator.evaluate(candidate("keeps_running_stats"))
     assert r.ok, f"{r.status.value}: {r.reason}\n{r.error[-600:]}"
-    # updates only in its first calls, none while timed: the check after the timed loop compares the state too
+    # updates only in its first calls, none while timed: the checked timed repetitions compare the state too
     r = running_stats_evaluator.evaluate(candidate("stats_only_first_calls"))
-    assert r.status == Status.INCORRECT and "post-timing" in r.reason, f"{r.status.value}: {r.reason}"
+    assert r.status == Status.INCORRECT and "timed repetition" in r.reason, f"{r.status.value}: {r.reason}"
     # sets its own starting state (the count one call leaves) and never counts: every call starts from the reference's
     r = running_stats_evaluator.evaluate(candidate("chooses_initial_state"))
     assert r.status == Status.INCORRECT, f"{r.status.value}: {r.reason}"
+    # skips the update only inside the timing loop: the checked timed repetitions compare the state too
+    r = running_stats_evaluator.evaluate(candidate("state_skipped_while_timed"))
+    assert r.status == Status.INCORRECT and "timed repetition" in r.reason, f"{r.status.value}: {r.reason}"

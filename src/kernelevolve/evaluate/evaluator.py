@@ -387,9 +387,15 @@ class Evaluator:
         reserve = _count(memory.get("input_bytes")) + 2 * _count(memory.get("output_bytes"))
         outs = _load_tensors(res, blob, torch.device(self._ref_device(gpu)), reserve)
         n_sets, at = max(1, int(res["input_sets"])), 0
+        # the outputs, then the state the forward writes (not the inputs it mutates)
+        expected = len(self.problem.output_dtypes) + len(self.problem.mutated_state) if self.problem.output_dtypes \
+            else None
         for rep, count in res.get("kept", []):
+            if expected is not None and int(count) != expected:
+                raise _Verdict(Status.INCORRECT, f"timed repetition {rep}: {int(count)} values returned for checking, "
+                                                 f"expected {expected} (the outputs and the state the forward writes)")
             seed = seeds[int(rep) % n_sets]
-            ref = self._reference_with_room(seed, 0, gpu)[:int(count)]  # outputs only, not inputs
+            ref = self._reference_with_room(seed, 0, gpu)[:int(count)]
             reason = self._compare(ref, outs[at:at + int(count)], self._exact(seed, 0, gpu, int(count)), details)
             at += int(count)
             if reason:

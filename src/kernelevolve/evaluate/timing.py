@@ -72,17 +72,20 @@ def warm_up(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
 
 def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, reps: int,
             cfg: TimingConfig = TimingConfig(), warm_calls: int = 0, keep: Sequence[int] = (),
-            keep_on_host: bool = False, in_place: bool = False, before: Callable[[], None] | None = None) -> TimingRun:
+            keep_on_host: bool = False, in_place: bool = False, before: Callable[[], None] | None = None,
+            extra: Callable[[], Sequence[Any]] | None = None) -> TimingRun:
     """Time ``reps`` calls of ``fn``. Before each, outside the timed window, the next input set's values are copied
     into the same buffers (so a cache keyed on pointer, id or version goes stale) and the cache is flushed. The
     outputs of the repetitions in ``keep`` are copied (to host memory with ``keep_on_host``) and returned, so that
-    timed calls can be checked too. ``in_place``: the only input set is itself the buffer, refilled from itself (for
-    inputs too large to hold twice; only for ops that leave their inputs alone)."""
+    timed calls can be checked too, followed by what ``extra`` returns after such a call (a model's state), read
+    outside the timed window. ``before`` runs before each call, outside the window too. ``in_place``: the only input
+    set is itself the buffer, refilled from itself (for inputs too large to hold twice; only for ops that leave their
+    inputs alone)."""
     cuda = device.startswith("cuda")
     flush = torch.empty(FLUSH_BYTES["cuda" if cuda else "cpu"], dtype=torch.int8, device=device) if cfg.flush else None
     live = _LiveInputs(input_sets, in_place, before)
     loop = _time_cuda if cuda else _time_cpu
-    return loop(fn, live, reps, flush, warm_calls, set(keep), keep_on_host)
+    return loop(fn, live, reps, flush, warm_calls, set(keep), keep_on_host, extra)
 
 
 def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str,
@@ -120,7 +123,8 @@ def _kept(out: Any, on_host: bool) -> tuple[torch.Tensor, ...]:
 
 
 def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
-               keep: set[int], keep_on_host: bool = False) -> TimingRun:
+               keep: set[int], keep_on_host: bool = False,
+               extra: Callable[[], Sequence[Any]] | None = None) -> TimingRun:
     events = [(_Event(enable_timing=True), _Event(enable_timing=True), _Event(enable_timing=True)) for _ in range(reps)]
     kept: dict[int, tuple[torch.Tensor, ...]] = {}
     host: list[float] = []
@@ -141,7 +145,7 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
         _record(idle)
         if i in keep:
             with _no_modes():
-                kept[i] = _kept(out, keep_on_host)
+                kept[i] = _kept(out, keep_on_host) + (_kept(tuple(extra()), keep_on_host) if extra else ())
         del out  # the next call's output may reuse this one's memory
     _sync()
     wall = _perf() - t0
@@ -151,7 +155,8 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
 
 
 def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
-              keep: set[int], keep_on_host: bool = False) -> TimingRun:
+              keep: set[int], keep_on_host: bool = False,
+              extra: Callable[[], Sequence[Any]] | None = None) -> TimingRun:
     samples, kept = [], {}
     t0 = _perf()
     for i in range(reps):
@@ -164,7 +169,7 @@ def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm
         samples.append((_perf() - t) * 1e3)
         if i in keep:
             with _no_modes():
-                kept[i] = _kept(out, keep_on_host)
+                kept[i] = _kept(out, keep_on_host) + (_kept(tuple(extra()), keep_on_host) if extra else ())
         del out
     wall = _perf() - t0
     return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept, samples)

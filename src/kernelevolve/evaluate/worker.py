@@ -361,7 +361,7 @@ class Session:
         if self.chan.recv().get("cmd") != "go":
             raise Fail("runtime_error", "protocol: expected the parent's go before a timed loop")
         run = timing.measure(fn, sets, self.device, reps, self.cfg, calls, keep, plan["keep_on_host"],
-                             plan["in_place"], self._before())
+                             plan["in_place"], self._before(), self.state.read if self.state is not None else None)
         self.chan.send({"msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
                         "host_ms": _median(run.host_ms),
                         "loop_wall_s": run.loop_wall_s, "reps": reps, "warmup_calls": calls, "method": run.method,
