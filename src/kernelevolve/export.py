@@ -496,7 +496,7 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
               "label": node.label,
               "approved": {"by": approval.approved_by, "at": approval.created, "note": approval.note},
               "init_inputs": init, "state": state, "single_output": isinstance(outputs, torch.Tensor),
-              "training": bool(model.training), "mutated_state": _mutated_state(problem, model),
+              "training": bool(model.training), "mutated_state": list(problem.mutated_state),
               "shapes": shapes, "dispatch": list(dispatch),
               "speedup": shapes[0].get("speedup") if shapes else None,
               "versions": versions(), "created": dt.date.today().isoformat(), "aoti_package": None}
@@ -516,17 +516,6 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
     test = out.with_name(f"test_{out.stem}.py")
     test.write_text(TEST.format(module=out.stem))
     return out, test
-
-
-def _mutated_state(problem: Problem, model: torch.nn.Module) -> list[str]:
-    """The state the reference writes in place on each call (a norm's running statistics in training mode), from its
-    captured graph; where it cannot be captured, every buffer of a module in training mode."""
-    try:
-        from kernelevolve.analyze.graph import capture
-
-        return capture(problem).mutated_state()
-    except Exception:  # a graph that does not trace: assume the worst
-        return [n for n, _ in model.named_buffers()] if model.training else []
 
 
 def _trace_on_meta(module: Any) -> tuple[torch.nn.Module, Any]:

@@ -304,6 +304,10 @@ class StateSlots:
     def read(self) -> list[torch.Tensor]:
         return [table[leaf] for table, leaf in self.slots]
 
+    def values(self) -> tuple[torch.Tensor, ...]:
+        """Copies of what the slots hold now: the state a call left, to be judged."""
+        return tuple(t.detach().clone() for t in self.read())
+
     def reset(self) -> None:
         """The initial values back: copied in place, a few launches (one per device and dtype); a slot that now holds
         a tensor of another shape, dtype or device (a rebinding forward) gets a copy of its initial tensor."""

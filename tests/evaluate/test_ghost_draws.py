@@ -78,13 +78,8 @@ class ModelNew(Model):
 '''
 
 
-@pytest.mark.parametrize("source, draws, verdict", [(KERNEL, ev.GHOST_DRAWS, Status.OK), (KERNEL, 1, Status.OK),
-                                                    (CHEAT, ev.GHOST_DRAWS, Status.REJECTED)])
-def test_empty_draws_are_skipped(source, draws, verdict, tmp_path, monkeypatch):
-    path = tmp_path / "jagged_one_bag.py"
-    path.write_text(JAGGED)
-    problem = load_problem(path, "cpu")
-    module = import_module_from_path(path, "_ghost_draws_problem")
+def _empty_draws_first(monkeypatch, module, draws: int = ev.GHOST_DRAWS) -> None:
+    """Each ghost run of the evaluation takes ``draws`` draws: two whose first input has no row, then two with rows."""
     empty = [s for s in range(64) if make_inputs(module, s)[0].shape[0] == 0][:2]
     full = [s for s in range(64) if make_inputs(module, s)[0].shape[0] > 0][:2]
     real, ghost = ev.fresh_seed, Evaluator._ghost
@@ -98,6 +93,15 @@ def test_empty_draws_are_skipped(source, draws, verdict, tmp_path, monkeypatch):
             monkeypatch.setattr(ev, "fresh_seed", real)
 
     monkeypatch.setattr(Evaluator, "_ghost", ghost_on_empty_draws_first)
+
+
+@pytest.mark.parametrize("source, draws, verdict", [(KERNEL, ev.GHOST_DRAWS, Status.OK), (KERNEL, 1, Status.OK),
+                                                    (CHEAT, ev.GHOST_DRAWS, Status.REJECTED)])
+def test_empty_draws_are_skipped(source, draws, verdict, tmp_path, monkeypatch):
+    path = tmp_path / "jagged_one_bag.py"
+    path.write_text(JAGGED)
+    problem = load_problem(path, "cpu")
+    _empty_draws_first(monkeypatch, import_module_from_path(path, "_ghost_draws_problem"), draws)
     config = EvalConfig(device="cpu", timeout_s=300, timing=TimingConfig(budget_ms=5, warmup_ms=1, max_reps=3))
     result = Evaluator(problem, config, tmp_path / "work").evaluate(Candidate(source, proposer="manual"))
     assert result.status == verdict, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"
@@ -163,20 +167,7 @@ def test_inputs_the_reference_mutates_do_not_make_an_empty_draw_informative(tmp_
     path.write_text(ACCUMULATE)
     problem = load_problem(path, "cpu")
     assert problem.mutates_inputs
-    module = import_module_from_path(path, "_ghost_accumulate")
-    empty = [s for s in range(64) if make_inputs(module, s)[0].shape[0] == 0][:2]
-    full = [s for s in range(64) if make_inputs(module, s)[0].shape[0] > 0][:2]
-    seeds = iter(empty + full)
-    real, ghost = ev.fresh_seed, Evaluator._ghost
-
-    def ghost_on_empty_draws_first(self, child, gpu, draws=ev.GHOST_DRAWS):
-        monkeypatch.setattr(ev, "fresh_seed", lambda: next(seeds))
-        try:
-            return ghost(self, child, gpu, draws)
-        finally:
-            monkeypatch.setattr(ev, "fresh_seed", real)
-
-    monkeypatch.setattr(Evaluator, "_ghost", ghost_on_empty_draws_first)
+    _empty_draws_first(monkeypatch, import_module_from_path(path, "_ghost_accumulate"))
     config = EvalConfig(device="cpu", timeout_s=300, time_candidates=False)
     result = Evaluator(problem, config, tmp_path / "work").evaluate(Candidate(ACCUMULATE_KERNEL, proposer="manual"))
     assert result.status == Status.OK, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"

@@ -86,7 +86,7 @@ class Evaluator:
         self.state_path = self.workdir / "reference_state.pt"
         torch.save(build_model(self.module, "Model", self.init_seed).state_dict(), self.state_path)
         self._models: dict[str, torch.nn.Module] = {}
-        self._slots: dict[str, StateSlots] = {}  # per model: the state its forward writes, and its initial values
+        self._slots: dict[int, StateSlots] = {}  # by id of model: the state its forward writes, and its initial values
         self._lock = threading.Lock()
         self._state_lock = threading.Lock()  # a stateful reference is reset, called and read by one thread at a time
         self._varying: bool | None = None  # whether input shapes change between draws; found at the first re-call
@@ -102,21 +102,18 @@ class Evaluator:
                 model = build_model(self.module, "Model", self.init_seed).to(dev)
                 self._models[key] = model.double() if exact else model
                 if self.problem.mutated_state:
-                    self._slots[key] = StateSlots(self._models[key], self.problem.mutated_state)
+                    self._slots[id(self._models[key])] = StateSlots(self._models[key], self.problem.mutated_state)
             return self._models[key]
 
     def _called(self, model: torch.nn.Module, inputs: list[Any]) -> tuple[Any, ...]:
         """The model's outputs on ``inputs``; for a model whose forward writes its state, called from the initial state,
         with that state after the call appended (the candidate's must match it)."""
-        names = self.problem.mutated_state
-        if not names:
+        slots = self._slots.get(id(model))
+        if slots is None:
             return as_outputs(model(*inputs))
-        with self._lock:
-            slots = next(self._slots[k] for k, m in self._models.items() if m is model)
         with self._state_lock:
             slots.reset()
-            outs = as_outputs(model(*inputs))
-            return outs + tuple(t.detach().clone() for t in slots.read())
+            return as_outputs(model(*inputs)) + slots.values()
 
     def _inputs(self, seed: int, shape: int, dev: str, host: bool) -> list[Any]:
         """The inputs drawn with ``seed`` on the reference device (the values the child draws), moved to the host
@@ -223,7 +220,8 @@ class Evaluator:
         job = {"mode": mode, "device": self.config.device, "gpu": gpu, "problem": self.problem.path,
                "state_dict": str(self.state_path), "init_seed": self.init_seed, "log": str(self.workdir / f"{name}.log"),
                "allow_tf32": self.problem.allow_tf32, "mutates_inputs": self.problem.mutates_inputs,
-               "mutated_state": list(self.problem.mutated_state), "timing": asdict(self.config.timing), "share_min_bytes": self.config.share_min_bytes}
+               "mutated_state": list(self.problem.mutated_state), "timing": asdict(self.config.timing),
+               "share_min_bytes": self.config.share_min_bytes}
         if candidate is not None:
             path = self.workdir / f"{name}.py"
             path.write_text(candidate.source)
@@ -517,13 +515,7 @@ def _note_peak(details: dict[str, Any], peak: Any) -> None:
 
 def _informative(ref: tuple) -> bool:
     """Whether a reference output takes work to produce: some element of it is non-zero."""
-    for t in ref:
-        if isinstance(t, torch.Tensor):
-            if t.numel() and bool((t != 0).any()):
-                return True
-        elif isinstance(t, (int, float)) and t != 0:
-            return True
-    return False
+    return any(isinstance(t, torch.Tensor) and bool((t != 0).any()) for t in ref)
 
 
 def _device_of(tensors: tuple) -> torch.device:

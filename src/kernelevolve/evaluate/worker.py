@@ -184,6 +184,7 @@ class Session:
         self.procs = checks.child_processes()
         self.model: Any = None
         self.state: StateSlots | None = None  # the state the reference's forward writes, with its loaded values
+        self._saved_state: dict[str, torch.Tensor] | None = None
         self.problem: Any = None
         self.kernels: list[str] = []
         self.launches = 0
@@ -466,7 +467,7 @@ class Session:
                                     "forward updates") from None
         # the initial values are the reference's where its saved state has them, not whatever the model was left
         # holding after its construction and .to()
-        saved = torch.load(self.job["state_dict"], weights_only=True)
+        saved = self._reference_state()
         with _harness_only():
             for k, name in enumerate(names):
                 ref, mine = saved.get(name), self.state.initial[k]
@@ -475,7 +476,7 @@ class Session:
                 if (ref.shape, ref.dtype) != (mine.shape, mine.dtype):
                     raise Fail("incorrect", f"{name!r} is {tuple(mine.shape)} {mine.dtype}, the reference's "
                                             f"{tuple(ref.shape)} {ref.dtype}")
-                self.state.initial[k] = ref.to(mine.device)
+                self.state.initial[k] = ref.to(mine.device, copy=True)
 
     def _reset_state(self) -> None:
         if self.state is not None:
@@ -486,7 +487,16 @@ class Session:
         if self.state is None:
             return ()
         with _harness_only():
-            return tuple(t.detach().clone() for t in self.state.read())
+            return self.state.values()
+
+    def _reference_state(self) -> dict[str, torch.Tensor]:
+        """The reference's initial values of the state its forward writes, from the state_dict the parent saved; read
+        once per process (a screen loads many candidates), and only those entries kept."""
+        if self._saved_state is None:
+            names = set(self.job.get("mutated_state") or [])
+            saved = torch.load(self.job["state_dict"], weights_only=True)
+            self._saved_state = {n: t for n, t in saved.items() if n in names}
+        return self._saved_state
 
     def _before(self) -> Any:
         """What the timing loops run before each call, outside the timed window: the model's state put back."""
