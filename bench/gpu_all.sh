@@ -4,6 +4,7 @@
 # Usage: OUT=dir STEPS="tests screen experience suite throughput kernelbench report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
 #        LEVELS="1 2" COVERAGE=table.json MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
+#        NO_MAX_AUTOTUNE=1 TESTS_TIMEOUT=120 \
 #        PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
@@ -24,7 +25,9 @@ for step in ${STEPS:-tests experience}; do
   case "$step" in
     tests)
       # shellcheck disable=SC2086
-      python3 -m pytest -q -m gpu ${TESTS:-tests} -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+      # TESTS_TIMEOUT: stop the tests after that many seconds and go on with the next step (0: no limit)
+      timeout "${TESTS_TIMEOUT:-0}" python3 -m pytest -v -m gpu ${TESTS:-tests} -p no:cacheprovider --durations 15 2>&1 \
+        | tee "$OUT/gpu_tests.log" | tail -30 ;;
     experience)
       # shellcheck disable=SC2086
       python3 bench/experience.py --device cuda --gpus "$GPUS" --budget-s "${BUDGET:-40}" --out-dir "$OUT/experience" \
@@ -51,7 +54,7 @@ for step in ${STEPS:-tests experience}; do
       # shellcheck disable=SC2086
       python3 bench/kernelbench.py --root "${KB_ROOT:-../shared/kernelbench}" --device cuda --level ${LEVELS:-1 2} \
         --matched "${COVERAGE:-bench/results/2026-12-02-kernelbench-coverage.json}" ${LIMIT:+--limit $LIMIT} \
-        ${MIN_CLAIMED:+--min-claimed $MIN_CLAIMED} \
+        ${MIN_CLAIMED:+--min-claimed $MIN_CLAIMED} ${NO_MAX_AUTOTUNE:+--no-max-autotune} \
         --budget-s "${BUDGET:-20}" ${DEADLINE:+--deadline-s $DEADLINE} --out-dir "$OUT/kernelbench" \
         --json "$OUT/kernelbench.json" 2>&1 | tee "$OUT/kernelbench.log" | tail -8
       python3 bench/kernelbench.py --markdown --json "$OUT/kernelbench.json" | tail -12 ;;

@@ -166,7 +166,7 @@ def optimize_problem(path: Path, args: argparse.Namespace, device: str, store: A
     import suite
 
     cfg = suite.SuiteConfig(device, tuple(p for p in args.proposer.split(",") if p), args.budget_s, args.max_evals,
-                            args.timing_budget_ms, False, args.out_dir, args.json)
+                            args.timing_budget_ms, False, args.out_dir, args.json, max_autotune=not args.no_max_autotune)
     row = suite.run_problem(path, cfg, store)
     row["problem"], row["mode"] = problem_id(path), "optimize"
     row["correct"] = row.get("kernelevolve_ms") is not None
@@ -349,6 +349,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--proposer", default="template,inductor")
     ap.add_argument("--budget-s", type=float, default=60.0, help="search time per problem")
     ap.add_argument("--max-evals", type=int, default=40)
+    ap.add_argument("--no-max-autotune", action="store_true",
+                    help="optimize: do not judge the max-autotune baseline first (fast_p and the geomean are against "
+                         "eager and torch.compile; the search's inductor proposer may still try it)")
     ap.add_argument("--timing-budget-ms", type=float, default=300.0)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per evaluation")

@@ -49,6 +49,7 @@ class SuiteConfig:
     json_path: Path
     again_s: float | None = None  # a second budget, run from the first run's profile and baselines
     defaults: bool = False  # the CLI's own limits instead of the budget: no time budget, --max-evals 20, --stall 10
+    max_autotune: bool = True  # judge the max-autotune baseline before each run (its compile costs 20-40 s on a GPU)
 
     def optimize_config(self, budget_s: float | None) -> Any:
         from kernelevolve.optimize import OptimizeConfig
@@ -216,8 +217,11 @@ def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
         opt = cfg.optimize_config(cfg.budget_s)
         work = cfg.out_dir / path.stem
         t1 = time.monotonic()
-        row["max_autotune_ms"], row["max_autotune_status"] = max_autotune_baseline(problem, opt, work / ".max-autotune",
-                                                                                    store)
+        if cfg.max_autotune:
+            row["max_autotune_ms"], row["max_autotune_status"] = max_autotune_baseline(problem, opt,
+                                                                                        work / ".max-autotune", store)
+        else:
+            row["max_autotune_ms"], row["max_autotune_status"] = None, "skipped: --no-max-autotune"
         t2 = time.monotonic()
         outcome = optimize(src, opt, store, work)
         # where the wall time went: loading the problem, the max-autotune baseline, then the run's own phases
