@@ -171,3 +171,22 @@ def test_inputs_the_reference_mutates_do_not_make_an_empty_draw_informative(tmp_
     config = EvalConfig(device="cpu", timeout_s=300, time_candidates=False)
     result = Evaluator(problem, config, tmp_path / "work").evaluate(Candidate(ACCUMULATE_KERNEL, proposer="manual"))
     assert result.status == Status.OK, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"
+
+
+def test_a_recall_and_timing_draw_of_other_sizes_do_not_fail_an_honest_kernel(tmp_path, monkeypatch):
+    """The parent looks for draws with the trial's sizes for the re-call and the timing sets, and can miss (the sizes
+    of a jagged problem here vary in 1 draw of 2, but may not in the handful it checks): the child then re-calls on
+    the same tensor objects at the new sizes, and times only the sets of the first set's sizes."""
+    path = tmp_path / "jagged_one_bag.py"
+    path.write_text(JAGGED)
+    problem = load_problem(path, "cpu")
+
+    def other_sizes_seed(self, seed, shape, gpu):
+        want = self._input_shapes(seed, shape, gpu)
+        return next(s for s in iter(ev.fresh_seed, None) if self._input_shapes(s, shape, gpu) != want)
+
+    monkeypatch.setattr(Evaluator, "_same_shapes_seed", other_sizes_seed)
+    config = EvalConfig(device="cpu", timeout_s=300, timing=TimingConfig(budget_ms=5, warmup_ms=1, max_reps=3))
+    result = Evaluator(problem, config, tmp_path / "work").evaluate(Candidate(KERNEL, proposer="manual"))
+    assert result.ok, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"
+    assert result.details.get("recall") is None or "skipped" not in str(result.details["recall"])

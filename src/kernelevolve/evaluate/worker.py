@@ -233,8 +233,12 @@ class Session:
         fresh = make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0), self.device)
         assert self.inputs is not None, "recall before trial"
         for old, new in zip(self.inputs, fresh):
-            if isinstance(old, torch.Tensor):
-                old.copy_(new)
+            if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+                if old.shape == new.shape:
+                    old.copy_(new)
+                else:  # a size that depends on the draw (a jagged total): the same tensor object, on the new values
+                    with torch.no_grad():
+                        old.set_(new)
         self._send_outputs(self._call(self.inputs))
 
     def cmd_ghost(self, cmd: dict[str, Any]) -> None:
@@ -421,7 +425,14 @@ class Session:
                 "input_bytes": in_bytes, "output_bytes": out_bytes, "call_bytes": self.call_bytes}
 
     def _input_sets(self, seeds: list[int], shape: int, n: int) -> list[list[Any]]:
-        return [make_inputs(self.problem, s, shape, self.device) for s in seeds[:max(1, n)]]
+        """The input sets timing rotates through: they refill one set of buffers, so a draw whose sizes differ from
+        the first's (a jagged total the parent could not match) is left out."""
+        sets = [make_inputs(self.problem, s, shape, self.device) for s in seeds[:max(1, n)]]
+
+        def shapes(xs: list[Any]) -> list[Any]:
+            return [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in xs]
+
+        return [xs for xs in sets if shapes(xs) == shapes(sets[0])]
 
     def _build(self, module: Any, cls_name: str) -> torch.nn.Module:
         seed_everything(self.job["init_seed"])
