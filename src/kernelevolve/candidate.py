@@ -36,6 +36,7 @@ class Meta(TypedDict, total=False):
     configs: list[RegionConfig]
     regions: list[RegionInfo]
     options: dict[str, Any]  # inductor: the Inductor options, its own search state
+    baseline: str  # a proposer's fallback: the field of the run's Baseline that timed this same kernel
     # llm and manual: the step that made it, and the call recorded in llm_calls
     strategy: str
     model: str

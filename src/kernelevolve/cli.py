@@ -109,7 +109,8 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
                          executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries,
                          screen_batch=args.screen_batch, finalists=args.finalists,
                          max_screened=args.max_screened or None, screen_timeout_s=args.screen_timeout,
-                         screen_share=args.screen_share, starts=start_files(args.start), counters=not args.no_ncu)
+                         screen_share=args.screen_share, closing=not args.no_closing_round,
+                         starts=start_files(args.start), counters=not args.no_ncu)
     if cfg.finalists < 1 or (args.screen_batch is not None and args.screen_batch < 0) or args.max_screened < 0:
         raise UsageError("--finalists takes a positive count, --screen-batch and --max-screened 0 or more")
     if not 0 < cfg.screen_share <= 1 or cfg.screen_timeout_s <= 0:
@@ -658,6 +659,10 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     sc.add_argument("--screen-timeout", type=float, default=120.0, help="hard limit per candidate in the screen, s")
     sc.add_argument("--screen-share", type=float, default=0.6,
                     help="the most of --time-budget spent screening (default 0.6); past it candidates are judged")
+    sc.add_argument("--no-closing-round", action="store_true",
+                    help="end the search at once when it stops; by default, up to --finalists candidates that the "
+                         "screen (waiting finalists) or the baseline (torch.compile's own kernel) timed faster than "
+                         "the best are judged first, which can run past --time-budget")
     g = p.add_argument_group("language models (--proposer llm) and prompts (llm, manual)")
     g.add_argument("--llm-model", metavar="NAME[=W],...", help="model names, with optional sampling weights")
     g.add_argument("--llm-base-url", metavar="URL", help="an OpenAI-compatible server (vLLM, SGLang, Ollama, ...)")

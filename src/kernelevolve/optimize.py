@@ -56,6 +56,9 @@ class OptimizeConfig:
     max_screened: int | None = 480
     screen_timeout_s: float = 120.0
     screen_share: float = 0.6  # of time_budget_s, at most, spent screening
+    # once the search stops, judge what the screen or a baseline already timed faster than the best (at most
+    # ``finalists`` evaluations, past --time-budget): SearchConfig.closing
+    closing: bool = True
     # the user's kernels the run starts from (--start): {"name": the file's name, "source": its text}, each judged
     # first, a root of the tree, and tuned by the start proposer
     starts: tuple[dict[str, str], ...] = ()
@@ -180,7 +183,8 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
                              proposers, make_selector(cfg.selector),
                              SearchConfig(cfg.max_evals, cfg.time_budget_s, cfg.target_speedup, cfg.stall,
                                           screen_batch=cfg.screen_size(), finalists=cfg.finalists,
-                                          max_screened=cfg.max_screened, screen_share=cfg.screen_share), baseline,
+                                          max_screened=cfg.max_screened, screen_share=cfg.screen_share,
+                                          closing=cfg.closing), baseline,
                              profile, on_result, on_screen)
     except KeyboardInterrupt:
         store.update_run(run_id, status="interrupted", stop_reason="interrupted; resume with --resume")

@@ -148,3 +148,13 @@ def test_default_candidate_verifies_on_cpu(problem, tmp_path):
     assert result.status is Status.OK, f"{result.reason}\n{result.error}\n{result.log}"
     assert result.timed and result.runtime_ms is not None and result.runtime_ms > 0
     assert result.compile_s is not None and result.compile_s > 0
+
+
+def test_the_fallback_is_torch_compiles_own_kernel_as_the_search_proposes_it(problem):
+    """The search loop judges the fallback at its close when the baseline's torch.compile time beats its best: it
+    must be the very source the proposer's ``default`` seed renders, so that a run never judges it twice."""
+    p = InductorProposer("cuda", seed=0)
+    (fallback,) = p.fallbacks(problem)
+    assert fallback.meta["baseline"] == "compiled" and fallback.meta["options"] == {}
+    default = [c for c in p.propose(ctx(problem, device="cuda"), 8) if c.meta["label"] == "default"]
+    assert [c.sha for c in default] == [fallback.sha]

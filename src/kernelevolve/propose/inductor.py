@@ -123,6 +123,12 @@ class InductorProposer:
         self.rng.shuffle(mutations)
         return seeds + mutations
 
+    def fallbacks(self, problem: Any) -> list[Candidate]:
+        """torch.compile's own kernel (default options), which the run's baseline timed: a search that stops with
+        its best slower than that time judges this candidate before it ends (the search loop's closing round)."""
+        return [Candidate(render(problem.source, {}, "default"), proposer=self.name, language="inductor",
+                          meta=Meta(label="default", options={}, baseline="compiled"))]
+
     def _random(self) -> dict[str, Any]:
         return {k: self.rng.choice(v) for k, v in self.space.items() if self.rng.random() < 0.3}
 

@@ -84,6 +84,9 @@ class SearchConfig:
     finalists: int = 2
     max_screened: int | None = 480
     screen_share: float = 0.6  # of --time-budget, at most, spent screening; the rest is the judge's
+    # After the budget (or a stall, or the proposers' end): judge what is already known to beat the best, at most
+    # ``finalists`` evaluations (see _Loop.closing_round)
+    closing: bool = True
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,9 @@ class SearchOutcome:
 FINALIST_SLACK = 0.05
 # A candidate the screen timed at more than this many times the faster baseline is never sent on to the judge.
 HOPELESS = 3.0
+# The closing round judges a waiting finalist or a proposer's fallback only when its screen or baseline time is at
+# least this fraction under the best judged time: screen and judge agree to a fraction of this on a GPU.
+CLOSING_MARGIN = 0.02
 
 
 OnResult = Callable[[Node, Result], None]
@@ -142,6 +148,7 @@ class _Loop:
         self.finalists: deque[Node] = deque()  # sent on by the screen, waiting for a worker
         self.cancelled = False  # the batches in flight were cancelled when the search stopped
         self.exhausted = False
+        self.closed = False  # the closing round was held
         self.began = time.monotonic()
         self.start: float | None = None  # the budget's clock: set when the first candidates are in hand
         best, _ = best_node(self.history)
@@ -421,6 +428,67 @@ class _Loop:
         if self.on_screen:
             self.on_screen(len(pairs), len(chosen))
 
+    def closing_round(self, reason: str) -> int:
+        """Once the search has stopped (except on --max-evals or the target speedup), judge what it already knows to
+        be faster than its best: finalists the screen chose that are still waiting for a worker, and the proposers'
+        fallbacks whose kernel a baseline timed (torch.compile's own kernel, for the inductor proposer), each at least
+        CLOSING_MARGIN under the best judged time, the fastest first, at most ``finalists`` of them. Without it a
+        run stopped by its budget can return a kernel slower than one the screen had found, or than torch.compile.
+        Returns how many were sent to the judge."""
+        if self.closed or not self.cfg.closing or reason.startswith(("reached --max-evals", "reached the target")):
+            return 0
+        self.closed = True
+        room = min(self.cfg.finalists, self.cfg.max_evals - self.evaluated - len(self.in_flight))
+        bar = self.best_ms * (1 - CLOSING_MARGIN)
+        known: list[tuple[float, Node | Candidate]] = [
+            (n.screen.ms, n) for n in self.finalists if n.screen is not None and n.screen.ms is not None]
+        for cand, ms in self.fallbacks():
+            known.append((ms, cand))
+        known = sorted((k for k in known if k[0] < bar), key=lambda k: k[0])[:max(0, room)]
+        if not known:
+            return 0
+        log.info("closing round: judging %d candidate(s) timed under the best (%.4g ms) by the screen or a baseline",
+                 len(known), self.best_ms)
+        sent = set()
+        for _, item in known:
+            node = item if isinstance(item, Node) else self.node_for(item)
+            if node is not None and node.id not in sent:
+                sent.add(node.id)
+                self.in_flight[self.pool.submit(node.candidate())] = node
+        self.finalists = deque(n for n in self.finalists if n.id not in sent)
+        return len(sent)
+
+    def fallbacks(self) -> list[tuple[Candidate, float]]:
+        """(candidate, the baseline's time of its kernel) of each proposer's fallbacks not judged in this run yet."""
+        out = []
+        judged = {n.sha for n in self.history if n.result is not None}
+        for p in self.proposers:
+            make = getattr(p, "fallbacks", None)
+            if make is None or self.baseline is None:
+                continue
+            try:
+                cands = make(self.problem)
+            except Exception as e:  # a proposer's fallback must not end the search
+                log.warning("%s could not give its fallbacks: %s: %s", p.name, type(e).__name__, e)
+                continue
+            for cand in cands:
+                timing = getattr(self.baseline, str(cand.meta.get("baseline")), None)
+                if cand.sha not in judged and getattr(timing, "median_ms", None) is not None:
+                    out.append((cand, timing.median_ms))
+        return out
+
+    def node_for(self, cand: Candidate) -> Node | None:
+        """The node of ``cand``: the one the tree holds for its source when it has no verdict yet, else a new one."""
+        busy = {n.id for n in self.in_flight.values()}
+        for n in self.history:
+            if n.sha == cand.sha:
+                return n if n.result is None and n.id not in busy else None
+        node = self.add(cand)
+        if node.result is not None:  # judged for this problem and device in another run: reused as it is
+            self._record(node, node.result.with_baseline(self.baseline), save=False)
+            return None
+        return node
+
     def budget_left(self) -> float | None:
         """Seconds until the time budget ends, None without one or once it has (nothing to wake up for then)."""
         if self.cfg.time_budget_s is None or self.start is None:
@@ -545,6 +613,9 @@ class _Loop:
                         reason = self.stop_reason() or self.nothing_left()
             if reason is None and not waiting and self.harvest():
                 continue  # results already in: take them before proposing from the tree
+            if reason is not None and not self.closed and not self.screening:
+                self.harvest()  # the best as it stands (the screens ended or cancelled), then what is known to beat it
+                self.closing_round(reason)
             if reason is None and self.cfg.pipeline and not self.queue and self.busy() \
                     and self.stop_reason() is None:
                 self.ask()  # every worker is busy and nothing is queued: propose while they run
