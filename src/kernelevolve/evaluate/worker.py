@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import math
+import itertools
 import os
 import statistics
 import sys
@@ -232,12 +233,16 @@ class Session:
         """New values in the same input buffers: an output cached by pointer, id or first call goes stale."""
         fresh = make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0), self.device)
         assert self.inputs is not None, "recall before trial"
-        for old, new in zip(self.inputs, fresh):
-            if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
-                if old.shape == new.shape:
-                    old.copy_(new)
-                else:  # a size that depends on the draw (a jagged total): the same tensor object, on the new values
-                    with torch.no_grad():
+        for i, (old, new) in enumerate(zip(self.inputs, fresh)):
+            if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
+                self.inputs[i] = new  # a plain value (a maximum length, say) takes the new draw's
+            elif old.shape == new.shape:
+                old.copy_(new)
+            else:  # a size that depends on the draw (a jagged total) that the parent could not match: the same
+                with torch.no_grad():  # tensor, resized in place (a smaller size keeps its pointer), new values
+                    try:
+                        old.resize_(new.shape).copy_(new)
+                    except RuntimeError:  # not resizable (a view of another tensor's storage)
                         old.set_(new)
         self._send_outputs(self._call(self.inputs))
 
@@ -432,7 +437,8 @@ class Session:
         def shapes(xs: list[Any]) -> list[Any]:
             return [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in xs]
 
-        return [xs for xs in sets if shapes(xs) == shapes(sets[0])]
+        # the leading sets only: the parent checks repetition r against the set seeds[r % len(sets)]
+        return list(itertools.takewhile(lambda xs: shapes(xs) == shapes(sets[0]), sets))
 
     def _build(self, module: Any, cls_name: str) -> torch.nn.Module:
         seed_everything(self.job["init_seed"])

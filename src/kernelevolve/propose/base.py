@@ -31,6 +31,7 @@ class Proposer(Protocol):
     name: str  # an optional ``weight`` attribute (default 1) scales how many candidates it is asked for per refill
     # An optional ``fallbacks(problem) -> list[Candidate]``: candidates whose kernel a baseline timed, each naming the
     # Baseline field in meta["baseline"]; a search that stops with a slower best judges them (its closing round).
+    # It is called on the search's thread while a proposal may be running on the proposal thread: keep it stateless.
 
     def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
         """Up to ``n`` new candidates; an empty list means this proposer has nothing left to try."""

@@ -435,26 +435,30 @@ class _Loop:
         CLOSING_MARGIN under the best judged time, the fastest first, at most ``finalists`` of them. Without it a
         run stopped by its budget can return a kernel slower than one the screen had found, or than torch.compile.
         Returns how many were sent to the judge."""
-        if self.closed or not self.cfg.closing or reason.startswith(("reached --max-evals", "reached the target")):
+        target = self.cfg.target_speedup
+        if self.closed or not self.cfg.closing or reason.startswith("reached --max-evals") \
+                or (target is not None and self.best_speedup() >= target):
             return 0
         self.closed = True
         room = min(self.cfg.finalists, self.cfg.max_evals - self.evaluated - len(self.in_flight))
-        bar = self.best_ms * (1 - CLOSING_MARGIN)
+        # a screen time is held against the best judged time and against the fastest screen time of a verified node
+        # (the same clock); a baseline's time, taken the judge's way, against the best judged time alone
+        screen_bar = min(self.best_ms, self.screen_bar() or math.inf) * (1 - CLOSING_MARGIN)
         known: list[tuple[float, Node | Candidate]] = [
-            (n.screen.ms, n) for n in self.finalists if n.screen is not None and n.screen.ms is not None]
-        for cand, ms in self.fallbacks():
-            known.append((ms, cand))
-        known = sorted((k for k in known if k[0] < bar), key=lambda k: k[0])[:max(0, room)]
-        if not known:
-            return 0
-        log.info("closing round: judging %d candidate(s) timed under the best (%.4g ms) by the screen or a baseline",
-                 len(known), self.best_ms)
-        sent = set()
-        for _, item in known:
+            (n.screen.ms, n) for n in self.finalists
+            if n.screen is not None and n.screen.ms is not None and n.screen.ms < screen_bar]
+        known += [(ms, c) for c, ms in self.fallbacks() if ms < self.best_ms * (1 - CLOSING_MARGIN)]
+        sent: set[int] = set()
+        for _, item in sorted(known, key=lambda k: k[0]):
+            if len(sent) >= room:
+                break
             node = item if isinstance(item, Node) else self.node_for(item)
             if node is not None and node.id not in sent:
                 sent.add(node.id)
                 self.in_flight[self.pool.submit(node.candidate())] = node
+        if sent:
+            log.info("closing round: judging %d candidate(s) the screen or a baseline timed under the best (%.4g ms)",
+                     len(sent), self.best_ms)
         self.finalists = deque(n for n in self.finalists if n.id not in sent)
         return len(sent)
 
@@ -613,9 +617,8 @@ class _Loop:
                         reason = self.stop_reason() or self.nothing_left()
             if reason is None and not waiting and self.harvest():
                 continue  # results already in: take them before proposing from the tree
-            if reason is not None and not self.closed and not self.screening:
-                self.harvest()  # the best as it stands (the screens ended or cancelled), then what is known to beat it
-                self.closing_round(reason)
+            if reason is not None and not self.closed and not self.screening and not self.in_flight:
+                self.closing_round(reason)  # once the best is final (every evaluation and screen in or cancelled)
             if reason is None and self.cfg.pipeline and not self.queue and self.busy() \
                     and self.stop_reason() is None:
                 self.ask()  # every worker is busy and nothing is queued: propose while they run
