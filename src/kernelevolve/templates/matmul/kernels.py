@@ -1,5 +1,5 @@
-"""The rendered Triton kernel text: the tiled GEMM, the split-K reduction and the fused two-layer kernel, each with
-its pointwise epilogue before the one store."""
+"""The rendered Triton kernel text: the tiled GEMM, the split-K reduction, the stream-K GEMM and its fixup, the
+persistent TMA GEMM and the fused two-layer kernel, each with its pointwise epilogue before the one store."""
 from __future__ import annotations
 
 from typing import Any
@@ -213,6 +213,75 @@ def reduce_kernel(name: str, st: dict[str, Any]) -> str:
     body += _epilogue(st)
     head = [f"def {name}_{st['tag']}_reduce({', '.join(params)},",
             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):"]
+    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+
+
+def _grid_tile(tile: str) -> list[str]:
+    """(batch, row block, column block) of a tile index, row-major over the tiles of each batch."""
+    return [f"rb64 = ({tile} // per_batch).to(tl.int64)", f"pid_m = ({tile} % per_batch) // grid_n",
+            f"pid_n = ({tile} % per_batch) % grid_n", "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+            "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"]
+
+
+def _sizes() -> list[str]:
+    return ["grid_m = tl.cdiv(M, BLOCK_M)", "grid_n = tl.cdiv(N, BLOCK_N)", "per_batch = grid_m * grid_n",
+            "k_tiles = tl.cdiv(K, BLOCK_K)", "n_tiles = Bt * per_batch",
+            "offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]"]
+
+
+def _piece(j: int, piece: str) -> str:
+    """The fp32 partial-sum slot of a tile's piece in the stream-K workspace [n_b, n_tiles, PIECES, BM, BN]."""
+    return f"ws_ptr + (({j} * n_tiles + tile) * PIECES + {piece}).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs"
+
+
+def streamk_kernel(name: str, st: dict[str, Any], prec: str) -> str:
+    """Stream-K: the K iterations of every (batch, tile) laid end to end and cut into one run of ITERS per program,
+    so that a few tiles with a long K keep every SM busy without a fixed split (no wave left a quarter full). A program
+    walks its run one tile piece at a time and writes each piece's fp32 partial sums to a slot of its own; the fixup
+    kernel adds a tile's pieces in order (the same sums on every call) and applies the epilogue."""
+    nb, tag = len(st["bs"]), st["tag"]
+    ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)] + ["ws_ptr"]
+    strides = ["s_ab", "s_am", "s_ak"] + [f"s_b{j}{d}" for j in range(nb) for d in "bkn"]
+    ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
+    loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac)]
+    loads += [(f"b{j}", f"b{j}_ptrs", "", "rk[:, None] < k_left", f".to({b['cast']})" if b["cast"] else "")
+              for j, b in enumerate(st["bs"])]
+    accs = st["accs"]
+    dots = [line for j, acc in enumerate(accs) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
+    steps = ["a_ptrs += BLOCK_K * s_ak"] + [f"b{j}_ptrs += BLOCK_K * s_b{j}k" for j in range(nb)]
+    body = _sizes() + ["rk = tl.arange(0, BLOCK_K)", "it = tl.program_id(0) * ITERS",
+                       "end = tl.minimum(it + ITERS, n_tiles * k_tiles)", "while it < end:"]
+    loop = ["tile = it // k_tiles", "k0 = it % k_tiles", "k1 = tl.minimum(k_tiles, k0 + (end - it))"]
+    loop += _grid_tile("tile")
+    # rows/columns past the edge read wrapped data (never stored), so the K loop needs no M/N masks
+    loop += ["a_ptrs = a_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + (k0 * BLOCK_K + rk)[None, :] * s_ak"]
+    loop += [f"b{j}_ptrs = b{j}_ptr + rb64 * s_b{j}b + (k0 * BLOCK_K + rk)[:, None] * s_b{j}k "
+             f"+ (rn % N)[None, :] * s_b{j}n" for j in range(nb)]
+    loop += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
+    loop += ["for k in range(k0, k1):"] + _indent(_k_loop(loads, dots, "BLOCK_K") + steps, 1)
+    loop += ["piece = tl.program_id(0) - (tile * k_tiles) // ITERS"]
+    loop += [f"tl.store({_piece(j, 'piece')}, {acc})" for j, acc in enumerate(accs)]
+    loop += ["it += k1 - k0"]
+    body += _indent(loop, 1)
+    head = [f"def {name}_{tag}_sk({', '.join(ptrs + ['Bt', 'M', 'N', 'K', 'ITERS', 'PIECES'] + strides)},",
+            "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,",
+            "        UPCAST: tl.constexpr):"]
+    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+
+
+def streamk_fixup(name: str, st: dict[str, Any]) -> str:
+    """Second pass of stream-K, one program per tile: the partial sums of the programs whose runs crossed the tile,
+    added in program order, then the epilogue."""
+    params = ["ws_ptr"] + _epi_ptrs(st) + ["Bt", "M", "N", "K", "ITERS", "PIECES"] + _epi_strides(st)
+    body = _sizes() + ["tile = tl.program_id(0)"] + _grid_tile("tile")
+    body += ["mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]",
+             "first = (tile * k_tiles) // ITERS", "last = ((tile + 1) * k_tiles - 1) // ITERS"]
+    body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in st["accs"]]
+    body += ["for piece in range(0, last - first + 1):"]
+    body += [f"    {acc} += tl.load({_piece(j, 'piece')})" for j, acc in enumerate(st["accs"])]
+    body += _epilogue(st)
+    head = [f"def {name}_{st['tag']}_fix({', '.join(params)},",
+            "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):"]
     return "\n".join(["@triton.jit"] + head + _indent(body, 1))
 
 

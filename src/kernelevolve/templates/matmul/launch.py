@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelevolve.templates.base import Match
+from kernelevolve.templates.base import HopelessConfig, Match
 from kernelevolve.templates.graphutil import pow2
-from kernelevolve.templates.matmul.kernels import (_precision, gemm_kernel, reduce_kernel, tma_helpers, tma_kernel,
-                                                   upcast_flag)
+from kernelevolve.templates.matmul.kernels import (_precision, gemm_kernel, reduce_kernel, streamk_fixup,
+                                                   streamk_kernel, tma_helpers, tma_kernel, upcast_flag)
 
 SMEM_BYTES = 200 * 1024  # H100/H200 allow 227 KB per block; the rest is left to the epilogue's layout conversion
 REDUCE_BLOCK = (32, 128)
@@ -50,8 +50,8 @@ def fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, n_b: int) 
         bk //= 2
     split = max(1, min(config.get("SPLIT_K", 1), -(-sizes["K"] // bk)))
     schedule = config.get("SCHEDULE", "tiles")
-    if schedule == "tma":
-        split = 1  # the persistent kernel takes whole K; split-K stays with the tile kernel
+    if schedule in ("tma", "streamk"):
+        split = 1  # the persistent kernel takes whole K, stream-K cuts K its own way; split-K stays with the tiles
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": config.get("GROUP_M", 8), "SPLIT_K": split,
             "num_warps": warps, "num_stages": stages, "SCHEDULE": schedule}
 
@@ -92,10 +92,17 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
     space = {key: _first(default[key], values) for key, values in KNOBS.items()}
     if long_fma:  # fewer splits leave running sums the judge rejects (see above): not worth a candidate
         space["SPLIT_K"] = _first(split, allowed)
+    schedules = ["tiles"]
     if has_tma() and not long_fma:
         # "tma": the persistent kernel reading through tensor descriptors (Hopper's TMA); where an operand's layout
         # does not allow it, the launcher runs the tile kernel instead. It takes K whole, unsplit.
-        space["SCHEDULE"] = ["tiles", "tma"]
+        schedules.append("tma")
+    if count((bm, bn)) < 2 * SMS:
+        # "streamk": fewer tiles than two waves, where a split into equal runs over all SMs beats a power-of-two
+        # split-K (a long-K skinny product, a last wave a quarter full); its runs stay within IEEE_RUN under the FMA dot
+        schedules.append("streamk")
+    if len(schedules) > 1:
+        space["SCHEDULE"] = schedules
     return {**space, "INPUT_PRECISION": precisions(dot, allow_tf32)} if dot == "tl.float32" else space
 
 
@@ -171,6 +178,22 @@ def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[
                   f"num_stages={cfg['num_stages']})",
                   "    else:",
                   f"        {name}_{tag}_kernel[{grid}](a, {bs}, *e, *o, M, N, K, {strides}{extra_strides}{consts})"]
+    elif sk == 1 and cfg.get("SCHEDULE") == "streamk":
+        # equal runs of K iterations over at most one program per SM; under the FMA dot no run past IEEE_RUN products
+        ieee = st["dot"] == "tl.float32" and cfg.get("INPUT_PRECISION", "ieee") == "ieee"
+        cap = f"min({max(1, IEEE_RUN // bk)}, triton.cdiv(tiles * k_tiles, progs))" if ieee \
+            else "triton.cdiv(tiles * k_tiles, progs)"
+        lines += [f"    tiles = Bt * triton.cdiv(M, {bm}) * triton.cdiv(N, {bn})",
+                  f"    k_tiles = triton.cdiv(K, {bk})",
+                  f"    progs = max(1, min({name}_{tag}_programs(a.device), tiles * k_tiles))",
+                  f"    iters = {cap}",
+                  "    pieces = triton.cdiv(k_tiles, iters) + 1",
+                  f"    ws = torch.empty(({nb}, tiles, pieces, {bm}, {bn}), device=a.device, dtype=torch.float32)",
+                  f"    {name}_{tag}_sk[(triton.cdiv(tiles * k_tiles, iters),)](a, {bs}, ws, Bt, M, N, K, iters, "
+                  f"pieces, {strides}BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, EVEN_K=K % {bk} == 0, "
+                  f"UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, num_stages={cfg['num_stages']})",
+                  f"    {name}_{tag}_fix[(tiles,)](ws, *e, *o, Bt, M, N, K, iters, pieces, {extra_strides}"
+                  f"BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, num_warps=4)"]
     elif sk == 1:
         lines.append(f"    {name}_{tag}_kernel[{grid}](a, {bs}, *e, *o, M, N, K, {strides}{extra_strides}{consts})")
     else:
@@ -195,7 +218,8 @@ def launcher_text(name: str, match: Match, calls: list[tuple[str, list[str], lis
 def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: str) -> list[str]:
     """Kernel(s), prep and stage function of one GEMM stage."""
     cfg = fit(config, st["sizes"], _itemsize(st["dot"]), len(st["bs"]))
-    prec = _precision(st["dot"], config.get("INPUT_PRECISION", "ieee"))
+    cfg["INPUT_PRECISION"] = config.get("INPUT_PRECISION", "ieee")
+    prec = _precision(st["dot"], cfg["INPUT_PRECISION"])
     params = [f"x_{n.name}" for n in match.inputs] + match.spec.get("intermediates", [])[:int(st["tag"][1:])]
     parts = [gemm_kernel(name, st, cfg["SPLIT_K"], prec)]
     if st["tag"] == "s0":
@@ -206,7 +230,25 @@ def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: 
             parts.append(tma_helpers(name))
     if cfg["SPLIT_K"] > 1:
         parts.append(reduce_kernel(name, st))
+    if cfg["SCHEDULE"] == "streamk":
+        sizes, nb = st["sizes"], len(st["bs"])
+        tiles = sizes.get("Bt", 1) * -(-sizes["M"] // cfg["BLOCK_M"]) * -(-sizes["N"] // cfg["BLOCK_N"])
+        if nb * tiles * 2 * cfg["BLOCK_M"] * cfg["BLOCK_N"] * 4 > SPLIT_WORKSPACE:
+            raise HopelessConfig(f"stream-K over {tiles} tiles: its partial sums would pass "
+                                 f"{SPLIT_WORKSPACE >> 20} MB (the tile kernel's case)")
+        parts += [streamk_kernel(name, st, prec), streamk_fixup(name, st), programs_text(f"{name}_{st['tag']}")]
     return parts + [prep_text(name, st, params), stage_text(name, st, cfg, params)]
+
+
+def programs_text(prefix: str) -> str:
+    """``prefix_programs(device)``: the SM count of a CUDA device (read once), 4 elsewhere."""
+    return "\n".join([
+        f"{prefix}_SMS = {{}}", "", "",
+        f"def {prefix}_programs(device):",
+        f"    if device not in {prefix}_SMS:",
+        f"        {prefix}_SMS[device] = (torch.cuda.get_device_properties(device).multi_processor_count",
+        '                                 if device.type == "cuda" else 4)',
+        f"    return {prefix}_SMS[device]"])
 
 
 def fused_launcher(name: str, match: Match, s0: dict[str, Any], s1: dict[str, Any], cfg: dict[str, Any]) -> str:
