@@ -51,31 +51,33 @@ GEMMS = [p for p in PROBLEMS if p.stem in ("linear_gelu_bf16", "swiglu_mlp_bf16"
 GEMMS += suite.gemm_paths()
 
 
+@pytest.mark.parametrize("schedule", ["tma", "streamk"])
 @pytest.mark.parametrize("path", GEMMS, ids=[p.stem for p in GEMMS])
-def test_persistent_tma_schedule_matches_the_reference_on_cuda(path: Path, tmp_path: Path) -> None:
-    """Every matrix-multiply region rendered with ``SCHEDULE="tma"`` (compiled for the device, not interpreted)."""
+def test_each_gemm_schedule_matches_the_reference_on_cuda(path: Path, schedule: str, tmp_path: Path) -> None:
+    """Every matrix-multiply region that offers it rendered with ``SCHEDULE="tma"`` (the persistent kernel) or
+    ``"streamk"`` (stream-K and its fixup), compiled for the device, not interpreted."""
     from kernelevolve.templates.matmul import has_tma
 
-    if not has_tma():
+    if schedule == "tma" and not has_tma():
         pytest.skip("this Triton has no tensor descriptors")
     small = suite.write_small_copy(path, tmp_path)
     problem = load_problem(small, "cuda")
     proposer = TemplateProposer("cuda", seed=0)
     plan = proposer.plan(problem)
     genome = {r.key: r.default() for r in plan.regions}
-    tma = [r.key for r in plan.regions if "tma" in r.space.get("SCHEDULE", [])]
-    if not tma:
-        pytest.skip("no region offers the TMA schedule")
-    for key in tma:
-        genome[key]["SCHEDULE"] = "tma"
-    source = proposer.render(plan, genome, "tma")
+    keys = [r.key for r in plan.regions if schedule in r.space.get("SCHEDULE", [])]
+    if not keys:
+        pytest.skip(f"no region offers the {schedule} schedule")
+    for key in keys:
+        genome[key]["SCHEDULE"] = schedule
+    source = proposer.render(plan, genome, schedule)
     assert source is not None, proposer.broken
-    module = import_module_from_path(small, f"_gpu_tma_ref_{path.stem}")
+    module = import_module_from_path(small, f"_gpu_{schedule}_ref_{path.stem}")
     ref = build_model(module, "Model", 0).cuda()
     inputs = make_inputs(module, seed=4321, device="cuda")
     with torch.no_grad():
         want = as_outputs(ref(*inputs))
-    new = load_source(source, f"_gpu_tma_{path.stem}").ModelNew(*module.get_init_inputs()).cuda()
+    new = load_source(source, f"_gpu_{schedule}_{path.stem}").ModelNew(*module.get_init_inputs()).cuda()
     new.load_state_dict(ref.state_dict())
     with torch.no_grad():
         got = as_outputs(new(*inputs))

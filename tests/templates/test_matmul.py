@@ -234,7 +234,7 @@ def test_dcn_cross_layer(tmp_path):
     assert [(m.family, m.kind) for m in found] == [("cross", "dcn_cross")] * 2
     for match in found:
         assert {"addmm", "mul", "add"} <= ops(match)
-        check(CrossTemplate(), match, g)
+        check(CrossTemplate(), match, g, [{}, {"SCHEDULE": "streamk", "BLOCK_M": 16, "BLOCK_K": 16}])
 
 
 def test_no_matmul(tmp_path):
