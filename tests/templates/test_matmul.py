@@ -68,6 +68,37 @@ def check(template, match, graph, configs=({},), tol: float | None = None) -> No
             torch.testing.assert_close(out, ref, atol=t, rtol=t, msg=lambda m: f"{config}: {m}")
 
 
+class Launches:
+    """Stands in for a kernel of a rendered module and records the grid of each launch."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+def render_checked(template, match, graph, config: dict, name: str, kernels: list[str]) -> list[list]:
+    """Render ``match`` with ``config`` as ``name``, check every output against ATen's, and return the grids each of
+    ``kernels`` (names in the rendered module) was launched with."""
+    source = template.render(match, dict(config), name)
+    module = load_source("\n".join([FILE_HEADER, PRELUDE_IMPORTS, PRELUDE, source]), f"{name}_{next(_counter)}")
+    stand_ins = [Launches(getattr(module, k)) for k in kernels]
+    for k, stand_in in zip(kernels, stand_ins):
+        setattr(module, k, stand_in)
+    values = node_values(graph)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        outs = getattr(module, name)(*[values[n] for n in match.inputs])
+    for out, node in zip(outs, match.outputs):
+        ref = values[node]
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        tol = TOL.get(ref.dtype, 2e-2)
+        torch.testing.assert_close(out, ref, atol=tol, rtol=tol, msg=lambda m: f"{config}: {m}")
+    return [s.grids for s in stand_ins]
+
+
 def some_configs(template, match) -> list[dict]:
     space = template.space(match, "cuda")
     return [{}] + [{key: values[1]} for key, values in space.items() if len(values) > 1][:3]

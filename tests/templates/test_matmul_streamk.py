@@ -5,50 +5,20 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import warnings  # noqa: E402
-
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-from kernelevolve.analyze.graph import node_values  # noqa: E402
-from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS  # noqa: E402
-from kernelevolve.templates.base import FILE_HEADER, HopelessConfig, load_source  # noqa: E402
+from kernelevolve.templates.base import HopelessConfig  # noqa: E402
 from kernelevolve.templates.matmul import DualGemmTemplate, MatmulTemplate  # noqa: E402
 from kernelevolve.templates.matmul.launch import IEEE_RUN, SMS, gemm_space  # noqa: E402
-from tests.templates.test_matmul import DTYPES, TOL, capture_problem, find_all  # noqa: E402
+from tests.templates.test_matmul import DTYPES, capture_problem, find_all, render_checked  # noqa: E402
 
 SK = {"SCHEDULE": "streamk", "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}
-_count = iter(range(10**6))
-
-
-class Launches:
-    """Stands in for a kernel in the rendered module and records each launch's grid."""
-
-    def __init__(self, kernel):
-        self.kernel, self.grids = kernel, []
-
-    def __getitem__(self, grid):
-        self.grids.append(grid)
-        return self.kernel[grid]
 
 
 def run(template, match, graph, config, tag: str = "s0") -> tuple[list, list]:
     """Render with ``config``, check every output against ATen's; the grids of the stream-K and fixup launches."""
-    source = template.render(match, dict(config), "mm_sk")
-    module = load_source("\n".join([FILE_HEADER, PRELUDE_IMPORTS, PRELUDE, source]), f"mm_sk_{next(_count)}")
-    sk, fix = Launches(getattr(module, f"mm_sk_{tag}_sk")), Launches(getattr(module, f"mm_sk_{tag}_fix"))
-    setattr(module, f"mm_sk_{tag}_sk", sk)
-    setattr(module, f"mm_sk_{tag}_fix", fix)
-    values = node_values(graph)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        outs = module.mm_sk(*[values[n] for n in match.inputs])
-    for out, node in zip(outs, match.outputs):
-        ref = values[node]
-        assert out.shape == ref.shape and out.dtype == ref.dtype
-        tol = TOL.get(ref.dtype, 2e-2)
-        torch.testing.assert_close(out, ref, atol=tol, rtol=tol, msg=lambda m: f"{config}: {m}")
-    return sk.grids, fix.grids
+    sk, fix = render_checked(template, match, graph, config, "mm_sk", [f"mm_sk_{tag}_sk", f"mm_sk_{tag}_fix"])
+    return sk, fix
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -4,49 +4,20 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import warnings  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernelevolve.analyze.graph import node_values  # noqa: E402
-from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS  # noqa: E402
-from kernelevolve.templates.base import FILE_HEADER, load_source  # noqa: E402
 from kernelevolve.templates.matmul import DualGemmTemplate, MatmulTemplate, has_tma  # noqa: E402
-from tests.templates.test_matmul import DTYPES, TOL, capture_problem, find_all  # noqa: E402
+from tests.templates.test_matmul import DTYPES, capture_problem, find_all, render_checked  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not has_tma(), reason="this Triton has no tensor descriptors")
 TMA = {"SCHEDULE": "tma", "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}
-_count = iter(range(10**6))
-
-
-class Counting:
-    """Stands in for a kernel in the rendered module and counts its launches."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
 
 
 def run(template, match, graph, config) -> tuple[int, int]:
     """Render with ``config``, check every output against ATen's, and count (TMA, tile) kernel launches."""
-    source = template.render(match, dict(config), "mm_tma")
-    module = load_source("\n".join([FILE_HEADER, PRELUDE_IMPORTS, PRELUDE, source]), f"mm_tma_{next(_count)}")
-    tma, tiles = Counting(module.mm_tma_s0_tma), Counting(module.mm_tma_s0_kernel)
-    module.mm_tma_s0_tma, module.mm_tma_s0_kernel = tma, tiles
-    values = node_values(graph)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        outs = module.mm_tma(*[values[n] for n in match.inputs])
-    for out, node in zip(outs, match.outputs):
-        ref = values[node]
-        assert out.shape == ref.shape and out.dtype == ref.dtype
-        tol = TOL.get(ref.dtype, 2e-2)
-        torch.testing.assert_close(out, ref, atol=tol, rtol=tol, msg=lambda m: f"{config}: {m}")
-    return tma.launches, tiles.launches
+    tma, tiles = render_checked(template, match, graph, config, "mm_tma", ["mm_tma_s0_tma", "mm_tma_s0_kernel"])
+    return len(tma), len(tiles)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

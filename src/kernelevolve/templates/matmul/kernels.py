@@ -73,6 +73,18 @@ def _k_loop(loads: list[tuple[str, str, str, str, str]], dots: list[str], step: 
     return ["if EVEN_K:"] + _indent(full, 1) + ["else:", f"    k_left = K - k * {step}"] + _indent(masked, 1) + dots
 
 
+def _k_steps(st: dict[str, Any], prec: str, step: str) -> list[str]:
+    """One K step of the tile kernels: load A and each B (masked past K unless EVEN_K), the dots into each
+    accumulator, then every pointer ``step`` K tiles on."""
+    ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
+    loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac)]
+    loads += [(f"b{j}", f"b{j}_ptrs", "", "rk[:, None] < k_left", f".to({b['cast']})" if b["cast"] else "")
+              for j, b in enumerate(st["bs"])]
+    dots = [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
+    steps = [f"a_ptrs += {step} * s_ak"] + [f"b{j}_ptrs += {step} * s_b{j}k" for j in range(len(st["bs"]))]
+    return _k_loop(loads, dots, step) + steps
+
+
 def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str) -> str:
     nb, tag = len(st["bs"]), st["tag"]
     ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)]
@@ -81,14 +93,9 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str) -> str:
         ptrs, strides = ptrs + _epi_ptrs(st), strides + _epi_strides(st)
     else:
         ptrs.append("ws_ptr")
-    ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
-    loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac)]
-    loads += [(f"b{j}", f"b{j}_ptrs", "", "rk[:, None] < k_left", f".to({b['cast']})" if b["cast"] else "")
-              for j, b in enumerate(st["bs"])]
+    step = "(BLOCK_K * SPLIT_K)"
     accs = st["accs"]
-    dots = [line for j, acc in enumerate(accs) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
-    steps = ["a_ptrs += (BLOCK_K * SPLIT_K) * s_ak"]
-    steps += [f"b{j}_ptrs += (BLOCK_K * SPLIT_K) * s_b{j}k" for j in range(nb)]
+    k_loop = _k_steps(st, prec, step)
     body = ["pid = tl.program_id(0)", "rb64 = tl.program_id(1).to(tl.int64)", "grid_m = tl.cdiv(M, BLOCK_M)",
             "grid_n = tl.cdiv(N, BLOCK_N)", "width = GROUP_M * grid_n", "first_m = (pid // width) * GROUP_M",
             "size_m = min(grid_m - first_m, GROUP_M)", "pid_m = first_m + (pid % width) % size_m",
@@ -99,8 +106,7 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str) -> str:
     body += [f"b{j}_ptrs = b{j}_ptr + rb64 * s_b{j}b + rk[:, None] * s_b{j}k + (rn % N)[None, :] * s_b{j}n"
              for j in range(nb)]
     body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
-    body += ["for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):"]
-    body += _indent(_k_loop(loads, dots, "(BLOCK_K * SPLIT_K)") + steps, 1)
+    body += ["for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):"] + _indent(k_loop, 1)
     body += ["mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"]
     if split_k == 1:
         body += _epilogue(st)
@@ -242,13 +248,7 @@ def streamk_kernel(name: str, st: dict[str, Any], prec: str) -> str:
     nb, tag = len(st["bs"]), st["tag"]
     ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)] + ["ws_ptr"]
     strides = ["s_ab", "s_am", "s_ak"] + [f"s_b{j}{d}" for j in range(nb) for d in "bkn"]
-    ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
-    loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac)]
-    loads += [(f"b{j}", f"b{j}_ptrs", "", "rk[:, None] < k_left", f".to({b['cast']})" if b["cast"] else "")
-              for j, b in enumerate(st["bs"])]
     accs = st["accs"]
-    dots = [line for j, acc in enumerate(accs) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
-    steps = ["a_ptrs += BLOCK_K * s_ak"] + [f"b{j}_ptrs += BLOCK_K * s_b{j}k" for j in range(nb)]
     body = _sizes() + ["rk = tl.arange(0, BLOCK_K)", "it = tl.program_id(0) * ITERS",
                        "end = tl.minimum(it + ITERS, n_tiles * k_tiles)", "while it < end:"]
     loop = ["tile = it // k_tiles", "k0 = it % k_tiles", "k1 = tl.minimum(k_tiles, k0 + (end - it))"]
@@ -258,7 +258,7 @@ def streamk_kernel(name: str, st: dict[str, Any], prec: str) -> str:
     loop += [f"b{j}_ptrs = b{j}_ptr + rb64 * s_b{j}b + (k0 * BLOCK_K + rk)[:, None] * s_b{j}k "
              f"+ (rn % N)[None, :] * s_b{j}n" for j in range(nb)]
     loop += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
-    loop += ["for k in range(k0, k1):"] + _indent(_k_loop(loads, dots, "BLOCK_K") + steps, 1)
+    loop += ["for k in range(k0, k1):"] + _indent(_k_steps(st, prec, "BLOCK_K"), 1)
     loop += ["piece = tl.program_id(0) - (tile * k_tiles) // ITERS"]
     loop += [f"tl.store({_piece(j, 'piece')}, {acc})" for j, acc in enumerate(accs)]
     loop += ["it += k1 - k0"]
