@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import math
-import itertools
 import os
 import statistics
 import sys
@@ -438,7 +438,8 @@ class Session:
             return [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in xs]
 
         # the leading sets only: the parent checks repetition r against the set seeds[r % len(sets)]
-        return list(itertools.takewhile(lambda xs: shapes(xs) == shapes(sets[0]), sets))
+        first = shapes(sets[0])
+        return list(itertools.takewhile(lambda xs: shapes(xs) == first, sets))
 
     def _build(self, module: Any, cls_name: str) -> torch.nn.Module:
         seed_everything(self.job["init_seed"])

@@ -464,11 +464,13 @@ class _Loop:
 
     def fallbacks(self) -> list[tuple[Candidate, float]]:
         """(candidate, the baseline's time of its kernel) of each proposer's fallbacks not judged in this run yet."""
-        out = []
+        out: list[tuple[Candidate, float]] = []
+        if self.baseline is None:
+            return out
         judged = {n.sha for n in self.history if n.result is not None}
         for p in self.proposers:
             make = getattr(p, "fallbacks", None)
-            if make is None or self.baseline is None:
+            if make is None:
                 continue
             try:
                 cands = make(self.problem)

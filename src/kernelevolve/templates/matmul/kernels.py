@@ -190,18 +190,23 @@ def tma_helpers(name: str) -> str:
         "    return True",
         "",
         "",
-        f"{name}_SMS = {{}}",
-        "",
-        "",
-        f"def {name}_sms(device):",
-        f"    if device not in {name}_SMS:",
-        f"        {name}_SMS[device] = (torch.cuda.get_device_properties(device).multi_processor_count",
-        '                              if device.type == "cuda" else 4)',
-        f"    return {name}_SMS[device]",
+        sms_text(name),
         "",
         "",
         f"def {name}_scratch(size, alignment, stream):",
         "    return torch.empty(size, device=\"cuda\", dtype=torch.int8)"])
+
+
+def sms_text(prefix: str) -> str:
+    """``prefix_sms(device)``: the SM count of a CUDA device (read once), 4 elsewhere; the programs of the
+    persistent and stream-K schedules."""
+    return "\n".join([
+        f"{prefix}_SMS = {{}}", "", "",
+        f"def {prefix}_sms(device):",
+        f"    if device not in {prefix}_SMS:",
+        f"        {prefix}_SMS[device] = (torch.cuda.get_device_properties(device).multi_processor_count",
+        f"{' ' * (len(prefix) + 24)}if device.type == \"cuda\" else 4)",
+        f"    return {prefix}_SMS[device]"])
 
 
 def reduce_kernel(name: str, st: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from kernelevolve.templates.base import HopelessConfig, Match
 from kernelevolve.templates.graphutil import pow2
-from kernelevolve.templates.matmul.kernels import (_precision, gemm_kernel, reduce_kernel, streamk_fixup,
+from kernelevolve.templates.matmul.kernels import (_precision, gemm_kernel, reduce_kernel, sms_text, streamk_fixup,
                                                    streamk_kernel, tma_helpers, tma_kernel, upcast_flag)
 
 SMEM_BYTES = 200 * 1024  # H100/H200 allow 227 KB per block; the rest is left to the epilogue's layout conversion
@@ -185,7 +185,7 @@ def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[
             else "triton.cdiv(tiles * k_tiles, progs)"
         lines += [f"    tiles = Bt * triton.cdiv(M, {bm}) * triton.cdiv(N, {bn})",
                   f"    k_tiles = triton.cdiv(K, {bk})",
-                  f"    progs = max(1, min({name}_{tag}_programs(a.device), tiles * k_tiles))",
+                  f"    progs = max(1, min({name}_{tag}_sms(a.device), tiles * k_tiles))",
                   f"    iters = {cap}",
                   "    pieces = triton.cdiv(k_tiles, iters) + 1",
                   f"    ws = torch.empty(({nb}, tiles, pieces, {bm}, {bn}), device=a.device, dtype=torch.float32)",
@@ -236,19 +236,8 @@ def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: 
         if nb * tiles * 2 * cfg["BLOCK_M"] * cfg["BLOCK_N"] * 4 > SPLIT_WORKSPACE:
             raise HopelessConfig(f"stream-K over {tiles} tiles: its partial sums would pass "
                                  f"{SPLIT_WORKSPACE >> 20} MB (the tile kernel's case)")
-        parts += [streamk_kernel(name, st, prec), streamk_fixup(name, st), programs_text(f"{name}_{st['tag']}")]
+        parts += [streamk_kernel(name, st, prec), streamk_fixup(name, st), sms_text(f"{name}_{st['tag']}")]
     return parts + [prep_text(name, st, params), stage_text(name, st, cfg, params)]
-
-
-def programs_text(prefix: str) -> str:
-    """``prefix_programs(device)``: the SM count of a CUDA device (read once), 4 elsewhere."""
-    return "\n".join([
-        f"{prefix}_SMS = {{}}", "", "",
-        f"def {prefix}_programs(device):",
-        f"    if device not in {prefix}_SMS:",
-        f"        {prefix}_SMS[device] = (torch.cuda.get_device_properties(device).multi_processor_count",
-        '                                 if device.type == "cuda" else 4)',
-        f"    return {prefix}_SMS[device]"])
 
 
 def fused_launcher(name: str, match: Match, s0: dict[str, Any], s1: dict[str, Any], cfg: dict[str, Any]) -> str:
