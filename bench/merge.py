@@ -4,6 +4,7 @@
         --refloor embedding_bag_mean_indexadd
 
 Each input may name the commit it was measured at after an ``@``; every row keeps its source file, commit and command.
+An input that is itself a merged file (it has ``sources``, and no ``@``) brings its rows with their own sources.
 ``--refloor STEM`` recomputes a row's roofline floor here, on the CPU, with the current byte and FLOP counts of the
 profile and the datasheet ceilings of the row's GPU: for rows measured before a fix to those counts. Times are never
 changed.
@@ -67,10 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("device_name", "torch", "triton", "budget_s", "max_evals", "proposers"):
             if data.get(key) != head.get(key):
                 raise SystemExit(f"{arg}: {key} is {data.get(key)!r}, the first file has {head.get(key)!r}")
-        sources.append({"file": Path(arg.partition("@")[0]).name, "commit": commit, "command": data["command"],
-                        "date": data["date"], "problems": [r["problem"] for r in data["rows"]]})
+        name = Path(arg.partition("@")[0]).name
+        if "sources" in data and commit is None:  # a merged file: its rows keep their own source and commit
+            sources.extend(data["sources"])
+            rows.update({r["problem"]: r for r in data["rows"]})
+            continue
+        sources.append({"file": name, "commit": commit, "command": data["command"], "date": data["date"],
+                        "problems": [r["problem"] for r in data["rows"]]})
         for r in data["rows"]:
-            rows[r["problem"]] = dict(r, source=Path(arg.partition("@")[0]).name, commit=commit)
+            rows[r["problem"]] = dict(r, source=name, commit=commit)
     cached = functools.lru_cache(maxsize=None)(refloor)
     for stem in args.refloor:
         if stem not in rows:

@@ -44,3 +44,18 @@ def test_runs_on_another_gpu_are_refused(tmp_path):
     b = write(tmp_path / "b.json", [row("column_sum", 1.6)], device_name="NVIDIA H100")
     out = merge(tmp_path, a, b)
     assert out.returncode != 0 and "device_name" in out.stderr
+
+
+def test_a_merged_file_brings_its_rows_with_their_own_commits(tmp_path):
+    a = write(tmp_path / "a.json", [row("softmax_bf16", 1.0), row("column_sum", 2.5)])
+    first = tmp_path / "first"
+    first.mkdir()
+    assert merge(first, a + "@aaaa").returncode == 0
+    b = write(tmp_path / "b.json", [row("layernorm_bf16", 1.2), row("column_sum", 1.6)])
+    out = merge(tmp_path, str(first / "m.json"), b + "@bbbb")
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "m.json").read_text())
+    got = {r["problem"]: (r["commit"], r["source"]) for r in data["rows"]}
+    assert got == {"softmax_bf16": ("aaaa", "a.json"), "column_sum": ("bbbb", "b.json"),
+                   "layernorm_bf16": ("bbbb", "b.json")}
+    assert [(s["file"], s["commit"]) for s in data["sources"]] == [("a.json", "aaaa"), ("b.json", "bbbb")]
