@@ -66,6 +66,20 @@ def test_what_a_candidate_leaves_behind_is_not_the_next_ones_fault(screener, can
     assert results[3].ok, results[3]
 
 
+def test_a_candidate_that_scribbles_on_its_weights_leaves_the_next_ones_intact(screener, candidate):
+    """The reference's weights are read once per process and copied into each candidate: a candidate that zeroes its
+    parameters after its call does not zero those of the next candidate in the same process."""
+    scribbler = Candidate(candidate("genuine_torch").source.replace(
+        "        return torch.addcmul(self.bias, x, self.scale).clamp_min_(0)",
+        "        y = torch.addcmul(self.bias, x, self.scale).clamp_min_(0)\n"
+        "        with torch.no_grad():\n"
+        "            self.scale.zero_(); self.bias.zero_()\n"
+        "        return y"))
+    one = Screener(screener.evaluator, ScreenConfig(timeout_s=30.0, parallel=1))
+    results = one.screen([scribbler, candidate("genuine_torch"), scribbler, candidate("genuine_torch")])
+    assert results[1].ok and results[3].ok, results
+
+
 def test_the_deadline_runs_only_while_the_child_works(screener, candidate, monkeypatch):
     """The parent's own comparison can take longer than a candidate's deadline: no candidate is blamed for it."""
     import time

@@ -442,10 +442,23 @@ class Screener:
 
     def _check_one(self, child: Child, path: str, seed: int, ref: tuple[torch.Tensor, ...], exact: "_Once | None",
                    gpu: int | None) -> ScreenResult:
-        child.send({"cmd": "screen_check", "candidate": path, "seed": seed})
+        """Check a candidate built quickly (without nn.init's random fills, where the reference's weights replace
+        every tensor it holds); if that build's outputs are wrong or its call fails, check it again built in full,
+        so that no honest candidate is screened out by the shortcut."""
+        result, quick = self._check_build(child, path, seed, ref, exact, gpu, True)
+        if quick and result.status in (Status.INCORRECT, Status.RUNTIME_ERROR):
+            result, _ = self._check_build(child, path, seed, ref, exact, gpu, False)
+        elif quick and result.ok:
+            result.details["build"] = "quick"  # its timing builds it the same way
+        return result
+
+    def _check_build(self, child: Child, path: str, seed: int, ref: tuple[torch.Tensor, ...],
+                     exact: "_Once | None", gpu: int | None, quick: bool) -> tuple[Any, bool]:
+        child.send({"cmd": "screen_check", "candidate": path, "seed": seed, "quick": quick})
         header, blob = child.recv()
+        quick = bool(header.get("quick"))
         if header.get("msg") == "fail":
-            return _failure(header)
+            return _failure(header), quick
         _raise_on_fail(header, "output")
         first = header.get("first_call_s")
         first = float(first) if isinstance(first, (int, float)) else None
@@ -454,12 +467,13 @@ class Screener:
         reason = compare_outputs(ref, outs, problem.allow_tf32, problem.atol, problem.rtol, exact)
         if reason:  # the float64 reference, if any, is the batch's, computed once: the report costs one more pass
             return ScreenResult(Status.INCORRECT, reason, first_call_s=first, details=mismatch_details(
-                ref, outs, problem.allow_tf32, problem.atol, problem.rtol, exact))
-        return ScreenResult(Status.OK, "checked once; untimed", first_call_s=first)
+                ref, outs, problem.allow_tf32, problem.atol, problem.rtol, exact)), quick
+        return ScreenResult(Status.OK, "checked once; untimed", first_call_s=first), quick
 
     def _time_one(self, child: Child, path: str, seeds: list[int], checked: ScreenResult) -> ScreenResult:
         timed_at = round(time.time(), 3)
-        child.send({"cmd": "screen_time", "candidate": path, "seeds": seeds})
+        child.send({"cmd": "screen_time", "candidate": path, "seeds": seeds,
+                    "quick": checked.details.get("build") == "quick"})
         header, _ = child.recv()
         if header.get("msg") == "fail":
             failed = _failure(header)
@@ -474,7 +488,7 @@ class Screener:
         return ScreenResult(Status.OK, f"checked once, timed over {len(samples)} repetitions",
                             ms=statistics.median(samples), first_call_s=checked.first_call_s,
                             host_ms=float(host) if isinstance(host, (int, float)) and math.isfinite(host) else None,
-                            timed_at=timed_at)
+                            timed_at=timed_at, details=dict(checked.details))
 
     # --- planning -----------------------------------------------------------------------------------------------
     def _timeable(self, candidate: Candidate) -> bool:

@@ -170,6 +170,46 @@ def classify(e: BaseException) -> str:
     return "runtime_error"
 
 
+# nn.init's random fills: a quick build skips them (they return the tensor untouched)
+_RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                 "xavier_normal_", "orthogonal_", "sparse_")
+
+
+@contextlib.contextmanager
+def _no_random_init() -> Iterator[None]:
+    saved = {name: getattr(torch.nn.init, name) for name in _RANDOM_INITS if hasattr(torch.nn.init, name)}
+
+    def untouched(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return tensor
+
+    try:
+        for name in saved:
+            setattr(torch.nn.init, name, untouched)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
+def _all_state_in(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
+    """Whether loading ``state`` sets every tensor ``model`` holds: the same state_dict entries, no non-persistent
+    buffer, and no tensor kept as a plain attribute (or in a list, tuple or dict of them), which __init__ may have
+    derived from the values a quick build left unset."""
+    if set(model.state_dict()) != set(state):
+        return False
+    for module in model.modules():
+        if getattr(module, "_non_persistent_buffers_set", None):
+            return False
+        for name, value in vars(module).items():
+            if name in ("_parameters", "_buffers", "_modules"):
+                continue
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (
+                value,)
+            if any(isinstance(v, torch.Tensor) for v in values):
+                return False
+    return True
+
+
 class Session:
     """Holds the loaded model and answers the parent's commands."""
 
@@ -186,6 +226,8 @@ class Session:
         self.model: Any = None
         self.state: StateSlots | None = None  # the state the reference's forward writes, with its loaded values
         self._saved_state: dict[str, torch.Tensor] | None = None
+        self._weights: dict[str, torch.Tensor] | None = None  # the reference's state_dict, mapped once per process
+        self.quick = False  # the screen's last candidate was built without its random initialisation
         self.problem: Any = None
         self.kernels: list[str] = []
         self.launches = 0
@@ -298,18 +340,19 @@ class Session:
         """Load one candidate of a screen batch and call it once; the parent compares its outputs. A failure is
         answered, not fatal: the parent decides whether the process is still fit for the next candidate."""
         try:
-            self._screen_load(cmd["candidate"])
+            self._screen_load(cmd["candidate"], bool(cmd.get("quick")))
             self.inputs = make_inputs(self.problem, cmd["seed"], 0, self.device)
-            self._send_outputs(self._call(self.inputs))
+            self._send_outputs(self._call(self.inputs), quick=self.quick)
         except Fail as f:
-            self.chan.send({"msg": "fail", "status": f.status, "reason": f.reason, "error": f.error})
+            self.chan.send({"msg": "fail", "status": f.status, "reason": f.reason, "error": f.error,
+                            "quick": self.quick})
         finally:
             self.inputs = None
 
     def cmd_screen_time(self, cmd: dict[str, Any]) -> None:
         """Load one candidate already checked and time it briefly, the cache flushed before every repetition."""
         try:
-            self._screen_load(cmd["candidate"])
+            self._screen_load(cmd["candidate"], bool(cmd.get("quick")))
             seeds, cfg = cmd["seeds"], timing.TimingConfig(**self.job["screen_timing"])
             inputs = make_inputs(self.problem, seeds[0], 0, self.device)
             if self.device == "cuda":  # the call's own temporaries, for the memory plan
@@ -344,7 +387,7 @@ class Session:
             torch.cuda.empty_cache()
         self.chan.send({"msg": "rested"})
 
-    def _screen_load(self, path: str) -> None:
+    def _screen_load(self, path: str, quick: bool = False) -> None:
         """The next candidate of a batch, in a process whose earlier candidates all passed: anything they left
         behind (replaced timers, threads, processes) makes this process unfit, which is no fault of this one."""
         self.model = None
@@ -358,7 +401,9 @@ class Session:
         self.job = dict(self.job, candidate=path)
         self.origins.candidate_file = os.path.realpath(path)
         self.kernels, self.first_call_s, self.out_specs, self.call_bytes = [], None, None, 0
-        self.model, _ = self._load_candidate()
+        self.quick = False
+        self.model, weights = self._load_candidate(quick)
+        self.quick = weights == "quick"
         self._keep_initial_state()
 
     # --- helpers --------------------------------------------------------------------------------------------
@@ -445,7 +490,12 @@ class Session:
         seed_everything(self.job["init_seed"])
         return getattr(module, cls_name)(*self.problem.get_init_inputs())
 
-    def _load_candidate(self) -> tuple[torch.nn.Module, str]:
+    def _load_candidate(self, quick: bool = False) -> tuple[torch.nn.Module, str]:
+        """The candidate's ModelNew, built from the problem's init inputs under the reference's seed and given the
+        reference's weights where its state_dict has the same entries. ``quick`` (the screen's only) builds it first
+        without nn.init's random fills, which take seconds for a large table on the CPU, and keeps that build where
+        every tensor the model holds is one the weights replace; else it builds it in full. The judge always builds
+        in full."""
         try:
             cand = import_module_from_path(self.job["candidate"], CANDIDATE_MODULE)
         except SyntaxError as e:
@@ -459,8 +509,14 @@ class Session:
         if os.environ.get("TRITON_INTERPRET") == "1":
             _first_configs(cand)
         try:
+            state = self._reference_weights()
+            if quick:
+                with _no_random_init():
+                    model = self._build(cand, "ModelNew")
+                if _all_state_in(model, state):
+                    model.load_state_dict(state)
+                    return model.to(self.device), "quick"
             model = self._build(cand, "ModelNew")
-            state = torch.load(self.job["state_dict"], weights_only=True)
             weights = "seed"
             if set(model.state_dict()) == set(state):
                 model.load_state_dict(state)
@@ -512,9 +568,19 @@ class Session:
         once per process (a screen loads many candidates), and only those entries kept."""
         if self._saved_state is None:
             names = set(self.job.get("mutated_state") or [])
-            saved = torch.load(self.job["state_dict"], weights_only=True)
-            self._saved_state = {n: t for n, t in saved.items() if n in names}
+            self._saved_state = {n: t for n, t in self._reference_weights().items() if n in names}
         return self._saved_state
+
+    def _reference_weights(self) -> dict[str, torch.Tensor]:
+        """The state_dict the parent saved, read once per process: a screen process loads many candidates, and a
+        table of a million rows costs a second to read each time. Mapped from the file, so the processes of a batch
+        share its pages; loading copies from it, so no model holds these tensors."""
+        if self._weights is None:
+            try:
+                self._weights = torch.load(self.job["state_dict"], weights_only=True, mmap=True)
+            except RuntimeError:  # a file in the legacy format cannot be mapped
+                self._weights = torch.load(self.job["state_dict"], weights_only=True)
+        return self._weights
 
     def _before(self) -> Any:
         """What the timing loops run before each call, outside the timed window: the model's state put back."""
@@ -554,7 +620,7 @@ class Session:
             return outs
         return outs + tuple(v for v in inputs if isinstance(v, torch.Tensor))
 
-    def _send_outputs(self, outs: tuple[Any, ...], check_types: bool = True) -> None:
+    def _send_outputs(self, outs: tuple[Any, ...], check_types: bool = True, **extra: Any) -> None:
         if check_types:
             for i, o in enumerate(outs):
                 if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
@@ -566,7 +632,7 @@ class Session:
         with _harness_only():
             header, blob = self._pack(list(outs))
         self.chan.send(dict(header, msg="output", launches=self.launches, first_call_s=self.first_call_s,
-                            peak_bytes=self._peak_bytes()), blob)
+                            peak_bytes=self._peak_bytes(), **extra), blob)
 
     def _pack(self, outs: list[Any]) -> tuple[dict[str, Any], Any]:
         """The outputs as a header and a blob of their bytes; large outputs on the GPU stay on the device, sent by

@@ -1,0 +1,123 @@
+"""The screen's quick build: a candidate built without nn.init's random fills where the reference's weights replace
+every tensor it holds, and built in full wherever that shortcut could change what it computes."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate import Evaluator
+from kernelevolve.evaluate.screen import ScreenConfig, Screener
+from kernelevolve.evaluate.worker import _all_state_in, _no_random_init
+from kernelevolve.problem import load_problem
+
+from tests.evaluate.conftest import eval_config
+
+PROBLEM = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def get_inputs():
+    return [torch.randn(16, 64)]
+
+
+def get_init_inputs():
+    return [64, 32]
+'''
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass ModelNew(nn.Module):\n"
+GENUINE = HEAD + '''    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+
+    def forward(self, x):
+        return F.linear(x, self.lin.weight, self.lin.bias)
+'''
+# a transposed copy of the weight made in __init__: right only if __init__ saw the seeded initial values
+DERIVED_TENSOR = HEAD + '''    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+        self.w_t = self.lin.weight.detach().t().contiguous()
+
+    def forward(self, x):
+        return x @ self.w_t + self.lin.bias
+'''
+# a number derived from the initial weight in __init__ and checked in forward: a plain float, which no guard can see
+DERIVED_NUMBER = HEAD + '''    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+        self.total = float(self.lin.weight.detach().double().sum())
+
+    def forward(self, x):
+        if abs(float(self.lin.weight.detach().double().sum()) - self.total) > 1e-6:
+            raise RuntimeError("the weights are not those __init__ saw")
+        return F.linear(x, self.lin.weight, self.lin.bias)
+'''
+
+
+@pytest.fixture(scope="module")
+def linear_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
+    root = tmp_path_factory.mktemp("quick-build")
+    (root / "problem_linear.py").write_text(PROBLEM)
+    return Evaluator(load_problem(root / "problem_linear.py"), eval_config(), root / "work")
+
+
+def test_an_honest_candidate_passes_the_screen_whichever_build_it_gets(linear_evaluator):
+    """Each candidate in a fresh process of its own, so that a quick build's unset weights are not left-over values
+    of an earlier candidate: the plain one is built quickly; the one holding a transposed copy is built in full; the
+    one whose check fails when built quickly is checked again built in full, and passes."""
+    names = {"genuine": GENUINE, "derived tensor": DERIVED_TENSOR, "derived number": DERIVED_NUMBER}
+    got = {}
+    for name, source in names.items():
+        with Screener(linear_evaluator, ScreenConfig(timeout_s=30.0, parallel=1, keep_processes=False)) as screen:
+            got[name] = screen.screen([Candidate(source)])[0]
+    assert all(r.ok for r in got.values()), got
+    assert got["genuine"].details.get("build") == "quick" and got["genuine"].ms is not None
+    assert got["derived tensor"].details.get("build") is None
+    assert got["derived number"].details.get("build") is None
+
+
+def test_the_judge_builds_in_full(linear_evaluator):
+    r = linear_evaluator.evaluate(Candidate(DERIVED_NUMBER))
+    assert r.ok, f"{r.status.value}: {r.reason}"
+
+
+class _Plain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+
+def test_only_a_model_whose_every_tensor_is_in_the_weights_counts_as_covered():
+    model = _Plain()
+    state = model.state_dict()
+    assert _all_state_in(model, state)
+    assert not _all_state_in(model, {k: v for k, v in state.items() if k != "lin.bias"})
+    for attach in (lambda m: setattr(m, "cache", torch.zeros(2)),
+                   lambda m: setattr(m.lin, "parts", [torch.zeros(2)]),
+                   lambda m: setattr(m, "table", {"a": torch.zeros(2)}),
+                   lambda m: m.register_buffer("scratch", torch.zeros(2), persistent=False)):
+        other = _Plain()
+        attach(other)
+        assert not _all_state_in(other, state)
+
+
+def test_the_random_fills_come_back_after_a_build_that_raised():
+    before = torch.nn.init.kaiming_uniform_
+    with pytest.raises(ValueError), _no_random_init():
+        t = torch.zeros(3)
+        assert torch.nn.init.normal_(t) is t and t.abs().sum() == 0
+        raise ValueError("the candidate's __init__ failed")
+    assert torch.nn.init.kaiming_uniform_ is before
+    assert torch.nn.init.normal_(torch.zeros(1000)).abs().sum() > 0
