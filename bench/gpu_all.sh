@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root: any of the GPU test suite, the experience benchmark and the benchmark suite,
 # each writing its logs and JSON under $OUT and printing a short summary last.
-# Usage: OUT=dir STEPS="tests screen experience suite throughput kernelbench report" BUDGET=40 AGAIN=120 \
+# Usage: OUT=dir STEPS="tests screen experience suite load throughput kernelbench report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
 #        LEVELS="1 2" COVERAGE=table.json MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
-#        NO_MAX_AUTOTUNE=1 TESTS_TIMEOUT=120 \
+#        NO_MAX_AUTOTUNE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json \
 #        PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
@@ -33,10 +33,22 @@ for step in ${STEPS:-tests experience}; do
       python3 bench/experience.py --device cuda --gpus "$GPUS" --budget-s "${BUDGET:-40}" --out-dir "$OUT/experience" \
         --json "$OUT/experience.json" ${PAIRS:+--pairs $PAIRS} 2>&1 | tee "$OUT/experience.log" | tail -15 ;;
     suite)
+      # SUITE_JSON names the rows of an earlier call to go on from (its file at the AGAIN budget beside it), on one
+      # GPU; DEADLINE stops starting problems after that many seconds
+      SUITE_GPUS="$GPUS"
+      if [ -n "${SUITE_JSON:-}" ]; then
+        cp "$SUITE_JSON" "$OUT/suite.json"
+        [ -n "${AGAIN:-}" ] && cp "${SUITE_JSON%.json}-${AGAIN}s.json" "$OUT/suite-${AGAIN}s.json"
+        SUITE_GPUS=1
+      fi
       # shellcheck disable=SC2086
-      python3 bench/suite.py --device cuda --gpus "$GPUS" --budget-s "${BUDGET:-40}" --out-dir "$OUT/suite" \
-        --json "$OUT/suite.json" ${AGAIN:+--again-s $AGAIN} ${PROBLEMS:+--problems $PROBLEMS} 2>&1 \
-        | tee "$OUT/suite.log" | tail -40 ;;
+      python3 bench/suite.py --device cuda --gpus "$SUITE_GPUS" --budget-s "${BUDGET:-40}" --out-dir "$OUT/suite" \
+        --json "$OUT/suite.json" ${AGAIN:+--again-s $AGAIN} ${PROBLEMS:+--problems $PROBLEMS} \
+        ${SUITE_JSON:+--resume} ${DEADLINE:+--deadline-s $DEADLINE} 2>&1 | tee "$OUT/suite.log" | tail -40 ;;
+    load)
+      # what loading a candidate costs the screen, with and without the quick build (a 512 MB embedding table)
+      python3 bench/screen_load.py --device cuda --candidates "${EVALS:-8}" --json "$OUT/screen_load.json" 2>&1 \
+        | tee "$OUT/screen_load.log" | tail -4 ;;
     screen)
       # shellcheck disable=SC2086
       python3 bench/screen.py --device cuda --problems ${PROBLEMS:-layernorm_fp32 rmsnorm_residual_bf16 softmax_bf16} \
@@ -69,7 +81,7 @@ for step in ${STEPS:-tests experience}; do
         > "$OUT/inspect_best.txt" 2>&1
       rm -rf "$OUT/run/.work" "$OUT"/run.sqlite*
       tail -4 "$OUT/run.log"; tail -3 "$OUT/inspect_best.txt" ;;
-    *) echo "unknown step $step (tests, screen, experience, suite, throughput, kernelbench, report)"; exit 2 ;;
+    *) echo "unknown step $step (tests, screen, experience, suite, load, throughput, kernelbench, report)"; exit 2 ;;
   esac
 done
 rm -rf "$OUT/experience"/*/ "$OUT/suite"/*/ "$OUT/kernelbench"/*/ "$OUT/throughput" "$OUT"/*/*.db* 2>/dev/null  # keep what comes back small: JSON and logs

@@ -50,6 +50,8 @@ class SuiteConfig:
     again_s: float | None = None  # a second budget, run from the first run's profile and baselines
     defaults: bool = False  # the CLI's own limits instead of the budget: no time budget, --max-evals 20, --stall 10
     max_autotune: bool = True  # judge the max-autotune baseline before each run (its compile costs 20-40 s on a GPU)
+    deadline_s: float | None = None  # start no problem after this many seconds (a later call goes on with --resume)
+    resume: bool = False  # keep the rows already in the JSON files and run only the problems they lack
 
     def optimize_config(self, budget_s: float | None) -> Any:
         from kernelevolve.optimize import OptimizeConfig
@@ -351,7 +353,16 @@ def run_serial(paths: list[Path], cfg: SuiteConfig, db: Path) -> list[dict[str, 
             Path(f"{again_db}{suffix}").unlink(missing_ok=True)
         again, again_store = [], Store(again_db)
         again_head = dict(head, budget_s=cfg.again_s, first_budget_s=cfg.budget_s)
+    if cfg.resume:
+        rows, again, paths = resumed(paths, cfg, head, again)
+        if again is not None:
+            again_head["commands"] = head["commands"]
+    began = time.monotonic()
     for i, path in enumerate(paths, 1):
+        if cfg.deadline_s is not None and time.monotonic() - began > cfg.deadline_s:
+            print(f"--deadline-s {cfg.deadline_s:g} reached: {len(paths) - i + 1} problem(s) left; run again with "
+                  "--resume to go on", flush=True)
+            break
         print(f"[{i}/{len(paths)}] {path.stem} ...", flush=True)
         rows.append(run_problem(path, cfg, store))
         write_json(cfg.json_path, head, rows)
@@ -366,6 +377,33 @@ def run_serial(paths: list[Path], cfg: SuiteConfig, db: Path) -> list[dict[str, 
         print_table(again, summarize(again))
         print(f"rows at {cfg.again_s:g} s: {again_path(cfg)}")
     return rows
+
+
+def resumed(paths: list[Path], cfg: SuiteConfig, head: dict[str, Any],
+            again: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, list[Path]]:
+    """The rows already in the JSON files (at both budgets, with --again-s) and the problems still to run: a problem
+    counts as done only with a row in each file; one cut off between its two runs runs again from the start."""
+    def load(path: Path, budget: float) -> list[dict[str, Any]]:
+        if not path.is_file():
+            return []
+        data = json.loads(path.read_text())
+        head.setdefault("commands", data.get("commands") or [data.get("command")])
+        for key, want in (("budget_s", budget), ("proposers", head["proposers"]), ("small", head["small"]),
+                          ("device_name", head["device_name"])):
+            if data.get(key) != want:
+                raise SuiteError(f"--resume: {path} has {key} {data.get(key)!r}, this run {want!r}")
+        return data["rows"]
+
+    first = load(cfg.json_path, head["budget_s"])
+    second = load(again_path(cfg), cfg.again_s) if again is not None else None
+    done = {r["problem"] for r in first} & ({r["problem"] for r in second} if second is not None else {
+        r["problem"] for r in first})
+    keep = lambda rows: [r for r in rows if r["problem"] in done]  # noqa: E731
+    todo = [p for p in paths if p.stem not in done]
+    head["commands"] = [*head.get("commands", []), head["command"]]  # every call that wrote these rows
+    print(f"--resume: {len(paths) - len(todo)} problem(s) already in {cfg.json_path.name}, {len(todo)} to run",
+          flush=True)
+    return keep(first), keep(second) if second is not None else None, todo
 
 
 def again_path(cfg: SuiteConfig) -> Path:
@@ -498,6 +536,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--out-dir", type=Path, default=Path("out/suite"))
     ap.add_argument("--timing-budget-ms", type=float, default=300.0)
     ap.add_argument("--small", action="store_true", help="run each problem at the sizes of its SMALL dict")
+    ap.add_argument("--deadline-s", type=float, help="start no problem after this many seconds")
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --json (and, with --again-s, in "
+                    "its second file) and run only the problems they lack")
     ap.add_argument("--shard", help=argparse.SUPPRESS)  # I/N: run every N-th problem from I (set by --gpus)
     return ap.parse_args(argv)
 
@@ -522,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out_dir.resolve()
     cfg = SuiteConfig(device, tuple(p for p in args.proposer.split(",") if p), args.budget_s, args.max_evals,
                       args.timing_budget_ms, args.small, out_dir, (args.json or out_dir / "suite.json").resolve(),
-                      args.again_s, args.defaults)
+                      args.again_s, args.defaults, deadline_s=args.deadline_s, resume=args.resume)
     from kernelevolve.propose import ProposerError, make_proposers
 
     try:
@@ -530,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         paths = problem_paths(args.problems)
         if args.defaults and args.again_s is not None:
             raise SuiteError("--defaults runs without a time budget: --again-s has no budget to replace")
+        if args.resume and args.gpus > 1 and device == "cuda":
+            raise SuiteError("--resume goes on from one JSON: run it on one GPU (without --gpus)")
         if args.shard:
             i, n = (int(v) for v in args.shard.split("/"))
             run_serial(paths[i::n], cfg, out_dir / f"suite-shard{i}.db")

@@ -108,3 +108,46 @@ def test_defaults_run_with_the_clis_own_limits(tmp_path: Path) -> None:
     cli = OptimizeConfig(device="cuda")
     assert (plain.time_budget_s, plain.max_evals, plain.stall) == (cli.time_budget_s, cli.max_evals, cli.stall)
     assert suite.main(["--defaults", "--again-s", "120", "--device", "cpu", "--problems", "softmax_bf16"]) == 2
+
+
+def test_a_call_stops_at_its_deadline_and_the_next_goes_on_with_resume(tmp_path: Path, monkeypatch) -> None:
+    """--deadline-s starts no problem after its seconds; --resume keeps the rows already written and runs only the
+    problems lacking a row at either budget (one cut off between its two runs runs again from the start)."""
+    import json
+
+    ran: list[tuple[str, str]] = []
+
+    def fake_run(path, cfg, store):
+        ran.append(("first", path.stem))
+        return {"problem": path.stem, "status": "ok", "notes": [], "run_id": 1, "wall_s": 0.0}
+
+    def fake_again(path, cfg, store, first, first_store):
+        ran.append(("again", path.stem))
+        return {"problem": path.stem, "status": "ok", "notes": [], "budget": cfg.again_s, "wall_s": 0.0}
+
+    monkeypatch.setattr(suite, "run_problem", fake_run)
+    monkeypatch.setattr(suite, "run_again", fake_again)
+    monkeypatch.setattr(suite, "print_table", lambda *a, **k: None)
+    out = tmp_path / "suite"
+    common = ["--device", "cpu", "--small", "--budget-s", "2", "--again-s", "3", "--out-dir", str(out)]
+    three = ["--problems", "softmax_bf16", "layernorm_fp32", "column_sum"]
+    assert suite.main([*common, *three, "--deadline-s", "0"]) == 0
+    assert ran == [] and not (out / "suite.json").exists()
+
+    assert suite.main([*common, "--problems", "softmax_bf16", "layernorm_fp32"]) == 0
+    # layernorm_fp32 cut off after its first run: its row at the second budget is missing
+    again = json.loads((out / "suite-3s.json").read_text())
+    again["rows"] = [r for r in again["rows"] if r["problem"] != "layernorm_fp32"]
+    (out / "suite-3s.json").write_text(json.dumps(again))
+    ran.clear()
+    assert suite.main([*common, *three, "--resume"]) == 0
+    assert ran == [("first", "layernorm_fp32"), ("again", "layernorm_fp32"), ("first", "column_sum"),
+                   ("again", "column_sum")]
+    first = json.loads((out / "suite.json").read_text())
+    assert sorted(r["problem"] for r in first["rows"]) == ["column_sum", "layernorm_fp32", "softmax_bf16"]
+    assert sorted(r["problem"] for r in json.loads((out / "suite-3s.json").read_text())["rows"]) == \
+        ["column_sum", "layernorm_fp32", "softmax_bf16"]
+    assert len(first["commands"]) == 2  # the call that wrote softmax_bf16's rows, and this one
+
+    # rows of another budget are not this run's to go on from
+    assert suite.main([*common[:4], "5", *common[5:], *three, "--resume"]) == 2
