@@ -42,11 +42,7 @@ def screen_once(problem: Path, device: str, n: int, quick: bool) -> dict:
     from kernelevolve.problem import load_problem
 
     ev = Evaluator(load_problem(problem), EvalConfig(device=device), Path(tempfile.mkdtemp(prefix="screen-load-")))
-    screener = Screener(ev, ScreenConfig(timeout_s=300.0, parallel=1))
-    if not quick:  # every check asks for the full build, and so every timing gets it
-        check_build = screener._check_build
-        screener._check_build = lambda *a: check_build(*a[:-1], False)
-    with screener:
+    with Screener(ev, ScreenConfig(timeout_s=300.0, parallel=1, quick_build=quick)) as screener:
         screener.screen([Candidate(CANDIDATE.format(i=-1))])  # the process started, the first load
         t = time.perf_counter()
         results = screener.screen([Candidate(CANDIDATE.format(i=i)) for i in range(n)])

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate import Evaluator
+from kernelevolve.evaluate import Evaluator, Status
 from kernelevolve.evaluate.screen import ScreenConfig, Screener
 from kernelevolve.evaluate.worker import _all_state_in, _no_random_init
 from kernelevolve.problem import load_problem
@@ -60,9 +60,45 @@ DERIVED_NUMBER = HEAD + '''    def __init__(self, d_in, d_out):
         self.total = float(self.lin.weight.detach().double().sum())
 
     def forward(self, x):
-        if abs(float(self.lin.weight.detach().double().sum()) - self.total) > 1e-6:
+        if not abs(float(self.lin.weight.detach().double().sum()) - self.total) <= 1e-6:  # NaN fails too
             raise RuntimeError("the weights are not those __init__ saw")
         return F.linear(x, self.lin.weight, self.lin.bias)
+'''
+
+
+# a number taken from the initial weight in __init__ and cancelled in forward: wrong outputs if __init__ saw unset
+# values (no guard can see a float)
+DERIVED_OFFSET = HEAD + '''    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+        self.first = float(self.lin.weight[0, 0])
+
+    def forward(self, x):
+        return F.linear(x, self.lin.weight, self.lin.bias) + (self.first - float(self.lin.weight[0, 0]))
+'''
+# fills a scratch tensor with nn.init in __init__ and relies on it: raises in __init__ when the fill does nothing
+DRAWS = HEAD + '''    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+        scratch = nn.init.uniform_(torch.zeros(8), 1.0, 2.0)
+        if not bool((scratch >= 1.0).all()):
+            raise ValueError("nn.init.uniform_ left the tensor as it was")
+
+    def forward(self, x):
+        return F.linear(x, self.lin.weight, self.lin.bias)
+'''
+# wrong by a constant: wrong whichever the build
+WRONG = GENUINE.replace("return F.linear(x, self.lin.weight, self.lin.bias)",
+                        "return F.linear(x, self.lin.weight, self.lin.bias) + 1.0")
+# fails its call and leaves a thread running: the process is unfit after it
+RAISES = HEAD + '''    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+
+    def forward(self, x):
+        import threading, time
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+        raise RuntimeError("no kernel for this shape")
 '''
 
 
@@ -77,15 +113,37 @@ def test_an_honest_candidate_passes_the_screen_whichever_build_it_gets(linear_ev
     """Each candidate in a fresh process of its own, so that a quick build's unset weights are not left-over values
     of an earlier candidate: the plain one is built quickly; the one holding a transposed copy is built in full; the
     one whose check fails when built quickly is checked again built in full, and passes."""
-    names = {"genuine": GENUINE, "derived tensor": DERIVED_TENSOR, "derived number": DERIVED_NUMBER}
+    names = {"genuine": GENUINE, "derived tensor": DERIVED_TENSOR, "derived number": DERIVED_NUMBER,
+             "derived offset": DERIVED_OFFSET, "draws": DRAWS}
     got = {}
     for name, source in names.items():
         with Screener(linear_evaluator, ScreenConfig(timeout_s=30.0, parallel=1, keep_processes=False)) as screen:
             got[name] = screen.screen([Candidate(source)])[0]
     assert all(r.ok for r in got.values()), got
+    # "build" comes from the timing stage's reply: the quick build there too
     assert got["genuine"].details.get("build") == "quick" and got["genuine"].ms is not None
-    assert got["derived tensor"].details.get("build") is None
-    assert got["derived number"].details.get("build") is None
+    assert "rebuilt" not in got["genuine"].details
+    assert got["derived tensor"].details.get("build") is None and "rebuilt" not in got["derived tensor"].details
+    assert got["derived number"].details.get("build") is None and "rebuilt" in got["derived number"].details
+    assert got["derived offset"].details.get("build") is None and "rebuilt" in got["derived offset"].details
+
+
+def test_a_wrong_or_failing_candidate_is_still_named_and_spoils_no_other(linear_evaluator):
+    """A quick build that fails is checked again built in full, with a deadline of its own and, after a failed call,
+    in a fresh process: a wrong candidate still gets its mismatch report, and one that fails its call and leaves a
+    thread behind costs the genuine candidates after it nothing."""
+    with Screener(linear_evaluator, ScreenConfig(timeout_s=30.0, parallel=1)) as screen:
+        results = screen.screen([Candidate(s) for s in (WRONG, RAISES, GENUINE, GENUINE)])
+    wrong, raises, *genuine = results
+    assert wrong.status is Status.INCORRECT and wrong.details.get("mismatch"), wrong
+    assert raises.status is Status.RUNTIME_ERROR and "no kernel for this shape" in raises.reason, raises
+    assert not raises.harness and all(r.ok and not r.harness for r in genuine), results
+
+
+def test_the_full_build_when_the_screen_is_told_so(linear_evaluator):
+    with Screener(linear_evaluator, ScreenConfig(timeout_s=30.0, parallel=1, quick_build=False)) as screen:
+        r = screen.screen([Candidate(GENUINE)])[0]
+    assert r.ok and r.details.get("build") is None
 
 
 def test_the_judge_builds_in_full(linear_evaluator):

@@ -67,6 +67,9 @@ class ScreenConfig:
     # Keep the processes between batches (their torch, CUDA context and compiled kernels are ready for the next),
     # where one candidate's inputs and outputs are small enough that idle processes holding none cost little.
     keep_processes: bool = True
+    # Build each candidate without nn.init's random fills where the reference's weights then replace every tensor it
+    # holds (a failure is checked again, built in full); the judge always builds in full.
+    quick_build: bool = True
 
 
 OnScreened = Callable[[int, ScreenResult], None]
@@ -245,9 +248,13 @@ class Screener:
         compute = ev._exact(seed, 0, gpu)
         exact = None if compute is None else _Once(compute)
         checked: dict[int, ScreenResult] = {}
+        full_build: set[int] = set()  # candidates a quick build failed: checked again, built in full
 
-        def check(child: Child, i: int) -> ScreenResult:
-            return self._check_one(child, paths[i], seed, ref, exact, gpu)
+        def check(child: Child, i: int) -> Any:
+            r = self._check_one(child, paths[i], seed, ref, exact, gpu, self.config.quick_build and i not in full_build)
+            if i in full_build and isinstance(r, ScreenResult):
+                r.details["rebuilt"] = "its quick build failed the check; built in full"
+            return r
 
         parallel, io_bytes = self._parallel(n, ref, gpu)
         keep = self.config.keep_processes and io_bytes < KEEP_BYTES
@@ -256,7 +263,7 @@ class Screener:
         checking = time.monotonic()
         deadlines = [self._deadline(c) for c in candidates]
         checked.update(self._stage_all("check", list(range(n)), check, gpu,
-                                       _Batch(keep, cancelled, deadlines=deadlines), parallel))
+                                       _Batch(keep, cancelled, deadlines=deadlines, full_build=full_build), parallel))
         timing_at = time.monotonic()
         for i in range(n):
             if on_screened is not None and not checked[i].ok:
@@ -388,6 +395,13 @@ class Screener:
                         if not child.answered:  # a fresh process cannot be unfit: the screen's own failure
                             raise OSError(f"a fresh screen process reports itself unfit: {r.reason}")
                         break  # again in a fresh process
+                    if isinstance(r, _Again):  # again, built in full, with a deadline of its own
+                        batch.full_build.add(i)
+                        todo.appendleft(i)
+                        current[0] = None
+                        if r.status is Status.INCORRECT:
+                            continue  # a wrong output leaves the process fit
+                        break  # a failed call may leave it unfit: a fresh one takes the candidate
                     out[i] = r
                     current[0] = None
                     child.answered += 1
@@ -441,34 +455,30 @@ class Screener:
                                 harness=True) for i in todo}
 
     def _check_one(self, child: Child, path: str, seed: int, ref: tuple[torch.Tensor, ...], exact: "_Once | None",
-                   gpu: int | None) -> ScreenResult:
-        """Check a candidate built quickly (without nn.init's random fills, where the reference's weights replace
-        every tensor it holds); if that build's outputs are wrong or its call fails, check it again built in full,
-        so that no honest candidate is screened out by the shortcut."""
-        result, quick = self._check_build(child, path, seed, ref, exact, gpu, True)
-        if quick and result.status in (Status.INCORRECT, Status.RUNTIME_ERROR):
-            result, _ = self._check_build(child, path, seed, ref, exact, gpu, False)
-        elif quick and result.ok:
-            result.details["build"] = "quick"  # its timing builds it the same way
-        return result
-
-    def _check_build(self, child: Child, path: str, seed: int, ref: tuple[torch.Tensor, ...],
-                     exact: "_Once | None", gpu: int | None, quick: bool) -> tuple[Any, bool]:
+                   gpu: int | None, quick: bool = True) -> Any:
+        """Check a candidate, built quickly if ``quick`` (the child skips nn.init's random fills where the reference's
+        weights replace every tensor it holds). A quick build whose outputs are wrong or whose call fails is
+        ``_Again``: the stage checks it again, built in full, so that the shortcut screens out no honest candidate."""
         child.send({"cmd": "screen_check", "candidate": path, "seed": seed, "quick": quick})
         header, blob = child.recv()
-        quick = bool(header.get("quick"))
+        quick = bool(header.get("quick"))  # the build the child made: quick only where it skipped a random fill
         if header.get("msg") == "fail":
-            return _failure(header), quick
+            failed = _failure(header)
+            return _Again(failed.status) if quick and failed.status in _AGAIN else failed
         _raise_on_fail(header, "output")
         first = header.get("first_call_s")
         first = float(first) if isinstance(first, (int, float)) else None
         problem = self.evaluator.problem
         outs = _load_tensors(header, blob, torch.device(self.evaluator._ref_device(gpu)))
         reason = compare_outputs(ref, outs, problem.allow_tf32, problem.atol, problem.rtol, exact)
+        if reason and quick:
+            return _Again(Status.INCORRECT)
         if reason:  # the float64 reference, if any, is the batch's, computed once: the report costs one more pass
             return ScreenResult(Status.INCORRECT, reason, first_call_s=first, details=mismatch_details(
-                ref, outs, problem.allow_tf32, problem.atol, problem.rtol, exact)), quick
-        return ScreenResult(Status.OK, "checked once; untimed", first_call_s=first), quick
+                ref, outs, problem.allow_tf32, problem.atol, problem.rtol, exact))
+        # its timing builds it the same way
+        return ScreenResult(Status.OK, "checked once; untimed", first_call_s=first,
+                            details={"build": "quick"} if quick else {})
 
     def _time_one(self, child: Child, path: str, seeds: list[int], checked: ScreenResult) -> ScreenResult:
         timed_at = round(time.time(), 3)
@@ -488,7 +498,8 @@ class Screener:
         return ScreenResult(Status.OK, f"checked once, timed over {len(samples)} repetitions",
                             ms=statistics.median(samples), first_call_s=checked.first_call_s,
                             host_ms=float(host) if isinstance(host, (int, float)) and math.isfinite(host) else None,
-                            timed_at=timed_at, details=dict(checked.details))
+                            timed_at=timed_at, details={**{k: v for k, v in checked.details.items() if k != "build"},
+                                                        **({"build": "quick"} if header.get("quick") else {})})
 
     # --- planning -----------------------------------------------------------------------------------------------
     def _timeable(self, candidate: Candidate) -> bool:
@@ -537,6 +548,7 @@ class _Batch:
     failures: list[str] = field(default_factory=list)  # the screen's own failures, for the report
     fresh_only: set[int] = field(default_factory=set)  # indices a kept process died on: for fresh processes only
     deadlines: list[float] = field(default_factory=list)  # seconds per candidate and stage
+    full_build: set[int] = field(default_factory=set)  # indices a quick build failed: built in full from then on
 
     def deadline(self, i: int) -> float:
         return self.deadlines[i]
@@ -572,6 +584,19 @@ def _failure(header: dict[str, Any]) -> Any:
     return ScreenResult(status, str(header.get("reason", ""))[:300], error=str(header.get("error", ""))[-ERROR_CHARS:])
 
 
+
+
+# a quick build's failures that a full build may not share: its outputs wrong, or its call failing
+_AGAIN = (Status.INCORRECT, Status.RUNTIME_ERROR)
+
+
+@dataclass(frozen=True)
+class _Again:
+    """A quickly built candidate that failed with ``status``: not its result; the stage checks it again, built in
+    full."""
+
+    status: Status
+    ok: bool = False
 
 
 @dataclass(frozen=True)

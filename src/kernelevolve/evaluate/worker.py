@@ -176,16 +176,20 @@ _RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "ka
 
 
 @contextlib.contextmanager
-def _no_random_init() -> Iterator[None]:
+def _no_random_init() -> Iterator[list[int]]:
+    """nn.init's random fills as no-ops for the block; yields a one-item list counting the fills skipped (none: the
+    build was a full one)."""
     saved = {name: getattr(torch.nn.init, name) for name in _RANDOM_INITS if hasattr(torch.nn.init, name)}
+    skipped = [0]
 
     def untouched(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        skipped[0] += 1
         return tensor
 
     try:
         for name in saved:
             setattr(torch.nn.init, name, untouched)
-        yield
+        yield skipped
     finally:
         for name, fn in saved.items():
             setattr(torch.nn.init, name, fn)
@@ -197,6 +201,7 @@ def _all_state_in(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> boo
     derived from the values a quick build left unset."""
     if set(model.state_dict()) != set(state):
         return False
+    registered = {id(t) for t in itertools.chain(model.parameters(), model.buffers())}  # e.g. an RNN's _flat_weights
     for module in model.modules():
         if getattr(module, "_non_persistent_buffers_set", None):
             return False
@@ -205,7 +210,7 @@ def _all_state_in(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> boo
                 continue
             values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (
                 value,)
-            if any(isinstance(v, torch.Tensor) for v in values):
+            if any(isinstance(v, torch.Tensor) and id(v) not in registered for v in values):
                 return False
     return True
 
@@ -226,7 +231,6 @@ class Session:
         self.model: Any = None
         self.state: StateSlots | None = None  # the state the reference's forward writes, with its loaded values
         self._saved_state: dict[str, torch.Tensor] | None = None
-        self._weights: dict[str, torch.Tensor] | None = None  # the reference's state_dict, mapped once per process
         self.quick = False  # the screen's last candidate was built without its random initialisation
         self.problem: Any = None
         self.kernels: list[str] = []
@@ -373,7 +377,7 @@ class Session:
             del sets
             self._check_tamper("timing")
             self.chan.send({"msg": "screen_timed", "samples_ms": run.samples_ms, "method": run.method,
-                            "reps": reps, "host_ms": _median(run.host_ms)})
+                            "reps": reps, "host_ms": _median(run.host_ms), "quick": self.quick})
         except Fail as f:
             self.chan.send({"msg": "fail", "status": f.status, "reason": f.reason, "error": f.error})
         except Exception as e:
@@ -510,13 +514,20 @@ class Session:
             _first_configs(cand)
         try:
             state = self._reference_weights()
+            model = None
             if quick:
-                with _no_random_init():
-                    model = self._build(cand, "ModelNew")
-                if _all_state_in(model, state):
-                    model.load_state_dict(state)
-                    return model.to(self.device), "quick"
-            model = self._build(cand, "ModelNew")
+                try:
+                    with _no_random_init() as skipped:
+                        model = self._build(cand, "ModelNew")
+                except Exception:  # perhaps on values the skipped fills left unset: the full build decides
+                    model = None
+                if model is not None and skipped[0]:  # with no fill skipped it was a full build
+                    if _all_state_in(model, state):
+                        model.load_state_dict(state)
+                        return model.to(self.device), "quick"
+                    model = None  # its memory back before the full build
+            if model is None:
+                model = self._build(cand, "ModelNew")
             weights = "seed"
             if set(model.state_dict()) == set(state):
                 model.load_state_dict(state)
@@ -572,15 +583,14 @@ class Session:
         return self._saved_state
 
     def _reference_weights(self) -> dict[str, torch.Tensor]:
-        """The state_dict the parent saved, read once per process: a screen process loads many candidates, and a
-        table of a million rows costs a second to read each time. Mapped from the file, so the processes of a batch
-        share its pages; loading copies from it, so no model holds these tensors."""
-        if self._weights is None:
-            try:
-                self._weights = torch.load(self.job["state_dict"], weights_only=True, mmap=True)
-            except RuntimeError:  # a file in the legacy format cannot be mapped
-                self._weights = torch.load(self.job["state_dict"], weights_only=True)
-        return self._weights
+        """The state_dict the parent saved, mapped from its file rather than read: a screen process loads many
+        candidates, and reading a table of a million rows takes a second each time, mapping it a few milliseconds
+        (the processes share its pages). A fresh mapping per load, so that nothing a candidate's load hooks do to
+        these tensors reaches the next candidate; loading copies from them."""
+        try:
+            return torch.load(self.job["state_dict"], weights_only=True, mmap=True)
+        except RuntimeError:  # a file in the legacy format cannot be mapped
+            return torch.load(self.job["state_dict"], weights_only=True)
 
     def _before(self) -> Any:
         """What the timing loops run before each call, outside the timed window: the model's state put back."""
