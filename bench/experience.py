@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=1, help="split the pairs across N GPUs, one process each")
     ap.add_argument("--out-dir", type=Path, default=Path("out/experience"))
     ap.add_argument("--json", type=Path, help="default: OUT_DIR/experience.json")
+    ap.add_argument("--deadline-s", type=float, help="start no pair after this many seconds")
+    ap.add_argument("--resume", action="store_true", help="keep the pairs already measured in --json (those without an "
+                    "error) and run only the others")
     ap.add_argument("--shard", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     import torch
@@ -194,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out_dir.resolve()
     path = (args.json or out / "experience.json").resolve()
     stems = args.pairs or list(PAIRS)
+    if args.resume and args.gpus > 1:
+        print("error: --resume goes on from one JSON: run it on one GPU (without --gpus)", file=sys.stderr)
+        return 2
     if args.gpus > 1 and not args.shard:
         procs = []
         for i in range(args.gpus):
@@ -212,14 +218,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.shard:
             i, n = (int(v) for v in args.shard.split("/"))
             stems = stems[i::n]
+        command = " ".join(["python3", __file__, *argv])
+        head = {"device": args.device, "device_name": torch.cuda.get_device_name(0) if args.device == "cuda"
+                else "cpu", **versions(), "command": command, "commands": [command], "budget_s": args.budget_s,
+                "max_evals": args.max_evals, "proposers": args.proposer, "tol": args.tol, "small": args.small}
         rows = []
-        for stem in stems:
+        if args.resume and path.is_file():
+            data = json.loads(path.read_text())
+            for key in ("device_name", "budget_s", "max_evals", "proposers", "tol", "small"):
+                if data.get(key) != head[key]:
+                    print(f"error: --resume: {path} has {key} {data.get(key)!r}, this run {head[key]!r}", file=sys.stderr)
+                    return 2
+            rows = [r for r in data["rows"] if "error" not in r]
+            head["commands"] = [*(data.get("commands") or [data.get("command")]), command]
+            done = {r["problem"] for r in rows}
+            print(f"--resume: {len(done & set(stems))} pair(s) already in {path.name}", flush=True)
+            stems = [s for s in stems if s not in done]
+        began = time.monotonic()
+        for k, stem in enumerate(stems):
+            if args.deadline_s is not None and time.monotonic() - began > args.deadline_s:
+                print(f"--deadline-s {args.deadline_s:g} reached: {len(stems) - k} pair(s) left; run again with "
+                      "--resume to go on", flush=True)
+                break
             print(f"{stem} ...", flush=True)
             rows.append(run_pair(stem, args, out / stem))
-            head = {"device": args.device, "device_name": torch.cuda.get_device_name(0) if args.device == "cuda"
-                    else "cpu", **versions(), "command": " ".join(["python3", __file__, *argv]),
-                    "budget_s": args.budget_s, "max_evals": args.max_evals, "proposers": args.proposer,
-                    "tol": args.tol, "small": args.small}
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({**head, "rows": rows, "summary": summarize(rows)}, indent=2, default=str))
     if not args.shard:

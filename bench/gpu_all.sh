@@ -4,7 +4,7 @@
 # Usage: OUT=dir STEPS="tests screen experience suite load throughput kernelbench report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
 #        LEVELS="1 2" COVERAGE=table.json MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
-#        NO_MAX_AUTOTUNE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json \
+#        NO_MAX_AUTOTUNE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json EXP_JSON=earlier-experience.json \
 #        PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
@@ -29,9 +29,16 @@ for step in ${STEPS:-tests experience}; do
       timeout "${TESTS_TIMEOUT:-0}" python3 -m pytest -v -m gpu ${TESTS:-tests} -p no:cacheprovider --durations 15 2>&1 \
         | tee "$OUT/gpu_tests.log" | tail -30 ;;
     experience)
+      # EXP_JSON names the rows of an earlier call to go on from (on one GPU); DEADLINE as for the suite
+      EXP_GPUS="$GPUS"
+      if [ -n "${EXP_JSON:-}" ]; then
+        cp "$EXP_JSON" "$OUT/experience.json"
+        EXP_GPUS=1
+      fi
       # shellcheck disable=SC2086
-      python3 bench/experience.py --device cuda --gpus "$GPUS" --budget-s "${BUDGET:-40}" --out-dir "$OUT/experience" \
-        --json "$OUT/experience.json" ${PAIRS:+--pairs $PAIRS} 2>&1 | tee "$OUT/experience.log" | tail -15 ;;
+      python3 bench/experience.py --device cuda --gpus "$EXP_GPUS" --budget-s "${BUDGET:-40}" \
+        --out-dir "$OUT/experience" --json "$OUT/experience.json" ${PAIRS:+--pairs $PAIRS} ${EXP_JSON:+--resume} \
+        ${DEADLINE:+--deadline-s $DEADLINE} 2>&1 | tee "$OUT/experience.log" | tail -15 ;;
     suite)
       # SUITE_JSON names the rows of an earlier call to go on from (its file at the AGAIN budget beside it), on one
       # GPU; DEADLINE stops starting problems after that many seconds

@@ -68,3 +68,31 @@ def test_summary_ratio():
             {"problem": "c", "n_cold": 5, "n_warm": None, "ratio": None}, {"problem": "d", "error": "x"}]
     s = exp.summarize(rows)
     assert s["geomean_ratio"] == pytest.approx(2.0) and s["reached"] == 2 and s["measured"] == 3
+
+
+def test_a_call_stops_at_its_deadline_and_the_next_goes_on_with_resume(tmp_path, monkeypatch):
+    """--deadline-s starts no pair after its seconds; --resume keeps the pairs measured without an error and runs
+    the others; a file of other settings is refused."""
+    import json
+
+    ran = []
+
+    def fake_pair(stem, args, work):
+        ran.append(stem)
+        return {"problem": stem, "error": "boom"} if stem == "layernorm_bf16" and len(ran) == 2 else {
+            "problem": stem, "n_cold": 2, "n_warm": 1, "ratio": 2.0}
+
+    monkeypatch.setattr(exp, "run_pair", fake_pair)
+    out = tmp_path / "exp"
+    common = ["--device", "cpu", "--small", "--budget-s", "2", "--out-dir", str(out)]
+    pairs = ["--pairs", "softmax_bf16", "layernorm_bf16", "rmsnorm_residual_bf16"]
+    assert exp.main([*common, *pairs, "--deadline-s", "0"]) == 0 and ran == []
+    assert exp.main([*common, "--pairs", "softmax_bf16", "layernorm_bf16"]) == 0
+    assert ran == ["softmax_bf16", "layernorm_bf16"]  # the second failed: it runs again on resume
+    ran.clear()
+    assert exp.main([*common, *pairs, "--resume"]) == 0
+    assert ran == ["layernorm_bf16", "rmsnorm_residual_bf16"]
+    data = json.loads((out / "experience.json").read_text())
+    assert [r["problem"] for r in data["rows"]] == ["softmax_bf16", "layernorm_bf16", "rmsnorm_residual_bf16"]
+    assert all("error" not in r for r in data["rows"]) and len(data["commands"]) == 2
+    assert exp.main([*common[:4], "5", *common[5:], *pairs, "--resume"]) == 2
