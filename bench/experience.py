@@ -220,25 +220,23 @@ def main(argv: list[str] | None = None) -> int:
             stems = stems[i::n]
         command = " ".join(["python3", __file__, *argv])
         head = {"device": args.device, "device_name": torch.cuda.get_device_name(0) if args.device == "cuda"
-                else "cpu", **versions(), "command": command, "commands": [command], "budget_s": args.budget_s,
+                else "cpu", **versions(), "command": command, "budget_s": args.budget_s,
                 "max_evals": args.max_evals, "proposers": args.proposer, "tol": args.tol, "small": args.small}
         rows = []
-        if args.resume and path.is_file():
-            data = json.loads(path.read_text())
-            for key in ("device_name", "budget_s", "max_evals", "proposers", "tol", "small"):
-                if data.get(key) != head[key]:
-                    print(f"error: --resume: {path} has {key} {data.get(key)!r}, this run {head[key]!r}", file=sys.stderr)
-                    return 2
-            rows = [r for r in data["rows"] if "error" not in r]
-            head["commands"] = [*(data.get("commands") or [data.get("command")]), command]
+        if args.resume:
+            want = {k: head[k] for k in ("device_name", "budget_s", "max_evals", "proposers", "tol", "small")}
+            try:
+                rows = [r for r in suite.earlier_rows(path, head, want) if "error" not in r]
+            except suite.SuiteError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
             done = {r["problem"] for r in rows}
             print(f"--resume: {len(done & set(stems))} pair(s) already in {path.name}", flush=True)
             stems = [s for s in stems if s not in done]
+        head["commands"] = [*head.get("commands", []), command]  # every call that wrote these rows
         began = time.monotonic()
         for k, stem in enumerate(stems):
-            if args.deadline_s is not None and time.monotonic() - began > args.deadline_s:
-                print(f"--deadline-s {args.deadline_s:g} reached: {len(stems) - k} pair(s) left; run again with "
-                      "--resume to go on", flush=True)
+            if suite.past_deadline(began, args.deadline_s, len(stems) - k, "pair"):
                 break
             print(f"{stem} ...", flush=True)
             rows.append(run_pair(stem, args, out / stem))

@@ -359,9 +359,7 @@ def run_serial(paths: list[Path], cfg: SuiteConfig, db: Path) -> list[dict[str, 
             again_head["commands"] = head["commands"]
     began = time.monotonic()
     for i, path in enumerate(paths, 1):
-        if cfg.deadline_s is not None and time.monotonic() - began > cfg.deadline_s:
-            print(f"--deadline-s {cfg.deadline_s:g} reached: {len(paths) - i + 1} problem(s) left; run again with "
-                  "--resume to go on", flush=True)
+        if past_deadline(began, cfg.deadline_s, len(paths) - i + 1, "problem"):
             break
         print(f"[{i}/{len(paths)}] {path.stem} ...", flush=True)
         rows.append(run_problem(path, cfg, store))
@@ -379,23 +377,35 @@ def run_serial(paths: list[Path], cfg: SuiteConfig, db: Path) -> list[dict[str, 
     return rows
 
 
+def earlier_rows(path: Path, head: dict[str, Any], want: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of an earlier call's JSON at ``path`` (none where there is no file), which must have been written
+    with the settings ``want``; ``head["commands"]`` starts with that call's commands. For --resume here and in
+    bench/experience.py."""
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    for key, value in want.items():
+        if data.get(key) != value:
+            raise SuiteError(f"--resume: {path} has {key} {data.get(key)!r}, this run {value!r}")
+    head.setdefault("commands", data.get("commands") or [data.get("command")])
+    return data["rows"]
+
+
+def past_deadline(began: float, deadline_s: float | None, left: int, what: str) -> bool:
+    """Whether ``deadline_s`` seconds have passed since ``began`` (and then says so, with how many are left)."""
+    if deadline_s is None or time.monotonic() - began <= deadline_s:
+        return False
+    print(f"--deadline-s {deadline_s:g} reached: {left} {what}(s) left; run again with --resume to go on", flush=True)
+    return True
+
+
 def resumed(paths: list[Path], cfg: SuiteConfig, head: dict[str, Any],
             again: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, list[Path]]:
     """The rows already in the JSON files (at both budgets, with --again-s) and the problems still to run: a problem
     counts as done only with a row in each file; one cut off between its two runs runs again from the start."""
-    def load(path: Path, budget: float) -> list[dict[str, Any]]:
-        if not path.is_file():
-            return []
-        data = json.loads(path.read_text())
-        head.setdefault("commands", data.get("commands") or [data.get("command")])
-        for key, want in (("budget_s", budget), ("proposers", head["proposers"]), ("small", head["small"]),
-                          ("device_name", head["device_name"])):
-            if data.get(key) != want:
-                raise SuiteError(f"--resume: {path} has {key} {data.get(key)!r}, this run {want!r}")
-        return data["rows"]
-
-    first = load(cfg.json_path, head["budget_s"])
-    second = load(again_path(cfg), cfg.again_s) if again is not None else None
+    want = {key: head[key] for key in ("budget_s", "proposers", "small", "device_name")}
+    first = earlier_rows(cfg.json_path, head, want)
+    second = earlier_rows(again_path(cfg), head, dict(want, budget_s=cfg.again_s)) if again is not None else None
     done = {r["problem"] for r in first} & ({r["problem"] for r in second} if second is not None else {
         r["problem"] for r in first})
     keep = lambda rows: [r for r in rows if r["problem"] in done]  # noqa: E731
