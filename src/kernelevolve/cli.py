@@ -108,6 +108,7 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
                          timing_budget_ms=args.timing_budget_ms, proposer_options=_proposer_options(args),
                          executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries,
                          screen_batch=args.screen_batch, finalists=args.finalists,
+                         backup_agree=None if args.judge_all_finalists else OptimizeConfig.backup_agree,
                          max_screened=args.max_screened or None, screen_timeout_s=args.screen_timeout,
                          screen_share=args.screen_share, closing=not args.no_closing_round,
                          starts=start_files(args.start), counters=not args.no_ncu)
@@ -654,6 +655,9 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     sc.add_argument("--screen-batch", type=int, metavar="N",
                     help="candidates per screen batch (default: 32 on CUDA, 0 on the CPU; 0: judge every candidate)")
     sc.add_argument("--finalists", type=int, default=2, help="the fastest of each batch sent on to the judge")
+    sc.add_argument("--judge-all-finalists", action="store_true",
+                    help="judge every finalist of a batch; by default those after its fastest are backups, judged "
+                         "only if an earlier one failed the judge or was timed there more than 5%% off its screen time")
     sc.add_argument("--max-screened", type=int, default=480,
                     help="screened candidates per run; past it candidates are judged directly (0: no limit)")
     sc.add_argument("--screen-timeout", type=float, default=120.0, help="hard limit per candidate in the screen, s")

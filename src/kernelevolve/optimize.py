@@ -53,6 +53,9 @@ class OptimizeConfig:
     # the screen cannot rank; 0: off.
     screen_batch: int | None = None
     finalists: int = 2
+    # a batch's finalists after its fastest are judged only where the judge's time of an earlier one is off its screen
+    # time by more than this fraction (or it failed there): SearchConfig.backup_agree; None judges every finalist
+    backup_agree: float | None = 0.05
     max_screened: int | None = 480
     screen_timeout_s: float = 120.0
     screen_share: float = 0.6  # of time_budget_s, at most, spent screening
@@ -183,7 +186,8 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
                              proposers, make_selector(cfg.selector),
                              SearchConfig(cfg.max_evals, cfg.time_budget_s, cfg.target_speedup, cfg.stall,
                                           screen_batch=cfg.screen_size(), finalists=cfg.finalists,
-                                          max_screened=cfg.max_screened, screen_share=cfg.screen_share,
+                                          backup_agree=cfg.backup_agree, max_screened=cfg.max_screened,
+                                          screen_share=cfg.screen_share,
                                           closing=cfg.closing), baseline,
                              profile, on_result, on_screen)
     except KeyboardInterrupt:

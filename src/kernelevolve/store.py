@@ -220,6 +220,10 @@ class Store:
                     (node_id, screen.status.value, screen.reason, screen.ms, json.dumps(screen.to_dict()),
                      int(finalist), now()))
 
+    def clear_finalist(self, node_id: int) -> None:
+        """A finalist that will not be judged after all: its screen result stays as it was, its last word."""
+        self._write("UPDATE screens SET finalist = 0 WHERE node_id = ?", (node_id,))
+
     def count_screened(self, run_id: int) -> int:
         return self.db.execute("SELECT COUNT(*) FROM nodes n JOIN screens s ON s.node_id = n.id WHERE n.run_id = ?",
                                (run_id,)).fetchone()[0]

@@ -10,10 +10,13 @@ from tests.search.test_loop import FakePool, FakeProposer, new_run, problem, sea
 
 
 def screen_result(source: str) -> ScreenResult:
-    """The screen's view of a fake source: its status, and a screen time 10% above the judge's (another clock)."""
+    """The screen's view of a fake source: its status, and a screen time 10% above the judge's (another clock, off
+    by more than the agreement that drops a batch's backup finalists), or the source's own ``screen_ms``."""
     fields = dict(line[2:].split("=", 1) for line in source.splitlines() if "=" in line)
     status = Status(fields.get("screen", fields["status"]))
     ms = None if fields["ms"] == "None" or status is not Status.OK else 1.1 * float(fields["ms"])
+    if ms is not None and "screen_ms" in fields:
+        ms = float(fields["screen_ms"])
     return ScreenResult(status, "checked once" if status is Status.OK else "nope", ms=ms)
 
 
@@ -409,3 +412,48 @@ def test_the_search_runs_every_proposer_dry_whatever_the_workers_and_timing(tmp_
         reason = out["o"].stop_reason
         assert reason != "stopped", (seed, left)
         assert "max-evals" in reason or not any(left.values()), (seed, reason, left)
+
+
+def screened_at(name: str, screen_ms: float, judge_ms: float, status: str = "ok") -> str:
+    """A fake source the screen times at ``screen_ms`` and the judge at ``judge_ms``."""
+    return src(name, judge_ms, status) + f"# screen_ms={screen_ms}\n" + ("# screen=ok\n" if status != "ok" else "")
+
+
+def test_a_backup_finalist_is_not_judged_when_the_screen_ranked_the_batch_right(store, problem):
+    """The first finalist judged within 5% of its screen time: the second, slower on the screen, is not judged, and
+    stays in the tree as screened out (its screen result its last word)."""
+    run_id = new_run(store, problem)
+    sources = [screened_at("a", 2.0, 2.04), screened_at("b", 2.1, 1.5), screened_at("c", 3.0, 3.0)]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=10, screen_batch=3, finalists=2)
+    assert pool.submitted == [sources[0]] and out.evaluations == 1
+    nodes = {n.source: n for n in store.nodes(run_id)}
+    backup = nodes[sources[1]]
+    assert backup.result is None and not backup.finalist and backup.screened_out and backup.screen.ms == 2.1
+    assert sum(n.finalist for n in nodes.values()) == 1
+
+
+def test_backup_finalists_are_judged_when_the_screen_may_be_wrong(store, problem):
+    """A backup goes to the judge when the finalist before it was timed there more than 5% off its screen time, or
+    failed there; the first backup that agrees stands in for the rest of its batch."""
+    run_id = new_run(store, problem)
+    slow = [screened_at("a", 1.0, 2.0), screened_at("b", 1.2, 1.25), screened_at("c", 1.3, 0.5),
+            screened_at("d", 9.0, 9.0)]
+    pool = ScreeningPool()
+    search(store, run_id, problem, FakeProposer(slow), pool, max_evals=10, screen_batch=4, finalists=3)
+    assert pool.submitted == slow[:2]  # a disagreed (2x), b agreed (4%): c, its batch's third, is not judged
+
+    run_id = new_run(store, problem)
+    failed = [screened_at("a", 1.0, 1.0, "incorrect"), screened_at("b", 1.2, 1.2)]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(failed), pool, max_evals=10, screen_batch=2, finalists=2)
+    assert pool.submitted == failed and out.best.source == failed[1]
+
+
+def test_every_finalist_is_judged_without_backups(store, problem):
+    run_id = new_run(store, problem)
+    sources = [screened_at("a", 2.0, 2.0), screened_at("b", 2.1, 1.5), screened_at("c", 3.0, 3.0)]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=10, screen_batch=3, finalists=2,
+                 backup_agree=None)
+    assert pool.submitted == sources[:2] and out.best.source == sources[1]

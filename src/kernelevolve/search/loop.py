@@ -82,6 +82,9 @@ class SearchConfig:
     # candidates, the rest are judged directly.
     screen_batch: int = 0
     finalists: int = 2
+    # A batch's finalists after its fastest are backups: judged only if an earlier one failed the judge or was timed
+    # there more than this fraction off its screen time (the screen's ranking then in doubt); None judges them all.
+    backup_agree: float | None = 0.05
     max_screened: int | None = 480
     screen_share: float = 0.6  # of --time-budget, at most, spent screening; the rest is the judge's
     # After the budget (or a stall, or the proposers' end): judge what is already known to beat the best, at most
@@ -146,6 +149,7 @@ class _Loop:
         self.screening: dict[Future[list[ScreenResult]], tuple[list[Node], float]] = {}  # batch, when sent
         self.screen_s = 0.0  # spent screening (batch wall times, summed over batches)
         self.finalists: deque[Node] = deque()  # sent on by the screen, waiting for a worker
+        self.backups: dict[int, list[int]] = {}  # a finalist's id -> the ids of its batch's finalists after it
         self.cancelled = False  # the batches in flight were cancelled when the search stopped
         self.exhausted = False
         self.closed = False  # the closing round was held
@@ -420,6 +424,8 @@ class _Loop:
             else:
                 self.observe(node)  # the screen's word is its last
         self.finalists.extend(sent[i] for i in chosen)  # the fastest first
+        for i, node_id in enumerate(chosen[:-1]):
+            self.backups[node_id] = chosen[i + 1:]
         self.finalists.extend(unscreened)
         if pairs and not chosen:
             self.since_best += 1
@@ -542,8 +548,32 @@ class _Loop:
             self.best_ms, self.since_best = result.runtime_ms, 0
         elif save:
             self.since_best += 1
+        self.drop_backups(node, result)
         if self.on_result:
             self.on_result(node, result)
+
+    def drop_backups(self, node: Node, result: Result) -> None:
+        """Once the judge has timed a finalist within ``backup_agree`` of its screen time, the screen ranked its batch
+        right: the batch's finalists still waiting behind it, slower on the screen, are not judged (their screen
+        result is their last word). A finalist that failed the judge, or whose times disagree, leaves them waiting."""
+        later = self.backups.pop(node.id, None)
+        agree = self.cfg.backup_agree
+        screen_ms = node.screen.ms if node.screen is not None else None
+        if not later or agree is None or not (result.ok and result.timed) or result.runtime_ms is None \
+                or not screen_ms or abs(result.runtime_ms / screen_ms - 1) > agree:
+            return
+        waiting = {n.id: n for n in self.finalists if n.id in later}
+        if not waiting:
+            return
+        self.finalists = deque(n for n in self.finalists if n.id not in waiting)
+        for node_id, backup in waiting.items():
+            self.backups.pop(node_id, None)
+            self.store.clear_finalist(node_id)
+            backup = replace(backup, finalist=False)
+            self.history[self.position[node_id]] = backup
+            self.observe(backup)
+        log.info("node %d: judged at %.4g ms against %.4g ms on the screen; %d backup finalist(s) of its batch not "
+                 "judged", node.id, result.runtime_ms, screen_ms, len(waiting))
 
     def seed_known(self) -> None:
         """Start a fresh run from the fastest kernels already verified for this problem on this device model (a

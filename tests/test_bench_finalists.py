@@ -1,0 +1,53 @@
+"""bench/finalists.py: what a batch's later finalists bought, read from suite rows."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_finalists", ROOT / "bench" / "finalists.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+finalists = _load()
+
+
+def cand(at: float, screen_ms: float | None, ms: float | None, proposer: str = "template") -> dict:
+    return {"proposer": proposer, "label": f"c{at}", "screen_at": at, "screen_ms": screen_ms, "ms": ms}
+
+
+ROWS = [
+    {"problem": "p", "candidates": [
+        # batch 1: the first finalist agreed with the screen, the second was slower
+        cand(100.0, 1.0, 1.01), cand(100.1, 1.1, 1.12), cand(100.2, 2.0, None),
+        # batch 2 (10 s later): the first was judged 2x its screen time, the second won
+        cand(110.0, 0.5, 1.0), cand(110.1, 0.6, 0.61),
+        # another proposer's candidate right after: a batch of its own, one judged finalist
+        cand(110.2, 0.7, 0.7, "inductor"),
+        # a seed: judged, never screened
+        {"proposer": "inductor", "label": "seed", "screen_at": None, "screen_ms": None, "ms": 0.9}]},
+]
+
+
+def test_batches_split_on_time_and_proposer():
+    groups = finalists.batches(ROWS[0], gap=3.0)
+    assert [len(g) for g in groups] == [3, 2, 1]
+
+
+def test_pairs_and_the_printed_counts(tmp_path):
+    pairs = finalists.judged_pairs(ROWS, gap=3.0)
+    assert [(p["first_ms"], p["rest_ms"]) for p in pairs] == [(1.01, 1.12), (1.0, 0.61)]
+    f = tmp_path / "suite.json"
+    f.write_text(json.dumps({"rows": ROWS}))
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "finalists.py"), str(f)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "2 batches with two judged finalists or more; a later finalist judged >1% faster than the first in 1" in out
+    assert "within 5% in 1: its backups would not be judged; of those, a backup was >1% faster in 0" in out
