@@ -20,30 +20,32 @@ def _load():
 finalists = _load()
 
 
-def cand(at: float, screen_ms: float | None, ms: float | None, proposer: str = "template") -> dict:
-    return {"proposer": proposer, "label": f"c{at}", "screen_at": at, "screen_ms": screen_ms, "ms": ms}
+def cand(at: float, screen_ms: float | None, ms: float | None, proposer: str = "template",
+         judged_at: float | None = None) -> dict:
+    return {"proposer": proposer, "label": f"c{at}", "screen_at": at, "screen_ms": screen_ms, "ms": ms,
+            "judged_at": judged_at}
 
 
 ROWS = [
     {"problem": "p", "candidates": [
-        # batch 1: the first finalist agreed with the screen, the second was slower
-        cand(100.0, 1.0, 1.01), cand(100.1, 1.1, 1.12), cand(100.2, 2.0, None),
-        # batch 2 (10 s later): the first was judged 2x its screen time, the second won
-        cand(110.0, 0.5, 1.0), cand(110.1, 0.6, 0.61),
+        # a seed: judged before the search, never screened
+        {"proposer": "inductor", "label": "seed", "screen_at": None, "screen_ms": None, "ms": 0.9, "judged_at": 90.0},
+        # batch 1, its timings 4 s apart: the first finalist agreed with the screen, the second was slower
+        cand(100.0, 1.0, 1.01, judged_at=105.0), cand(104.0, 1.1, 1.12, judged_at=106.0), cand(104.2, 2.0, None),
+        # batch 2: the first was judged 2x its screen time, the second won
+        cand(110.0, 0.5, 1.0, judged_at=111.0), cand(110.1, 0.6, 0.61, judged_at=112.0),
         # another proposer's candidate right after: a batch of its own, one judged finalist
-        cand(110.2, 0.7, 0.7, "inductor"),
-        # a seed: judged, never screened
-        {"proposer": "inductor", "label": "seed", "screen_at": None, "screen_ms": None, "ms": 0.9}]},
+        cand(112.5, 0.7, 0.7, "inductor", judged_at=113.0)]},
 ]
 
 
-def test_batches_split_on_time_and_proposer():
-    groups = finalists.batches(ROWS[0], gap=3.0)
+def test_batches_split_on_judge_timings_and_proposer():
+    groups = finalists.batches(ROWS[0])
     assert [len(g) for g in groups] == [3, 2, 1]
 
 
 def test_pairs_and_the_printed_counts(tmp_path):
-    pairs = finalists.judged_pairs(ROWS, gap=3.0)
+    pairs = finalists.judged_pairs(ROWS)
     assert [(p["first_ms"], p["rest_ms"]) for p in pairs] == [(1.01, 1.12), (1.0, 0.61)]
     f = tmp_path / "suite.json"
     f.write_text(json.dumps({"rows": ROWS}))
