@@ -85,7 +85,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
         def on_screen(screened: int, sent: int) -> None:
             counts["screened"] = counts.get("screened", 0) + screened
-            progress.console.print(f"screened {screened} candidate(s); {sent} sent on to the judge", markup=False)
+            progress.console.print(f"screened {screened} candidate(s); {sent} sent on to the judge"
+                                   + (" (the fastest first; the others only if the judge disagrees with the screen)"
+                                      if sent > 1 and cfg.backup_agree is not None else ""), markup=False)
             progress.update(task, status=status())
 
         outcome = optimize(args.problem, cfg, store, Path(args.out), resume=args.resume, on_result=on_result,

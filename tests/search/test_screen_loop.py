@@ -387,13 +387,18 @@ def test_the_search_runs_every_proposer_dry_whatever_the_workers_and_timing(tmp_
 
     for seed in range(40):
         rng = random.Random(seed)
-        proposers = [NamedProposer(name, [src(f"{name}{i}_{seed}", round(rng.uniform(1, 10), 2),
-                                              rng.choice(["ok", "ok", "ok", "incorrect"]))
-                                          for i in range(rng.randint(0, 20))], weight=rng.choice([1, 1, 2, 3]))
+        def fake(name: str) -> str:
+            ms, status = round(rng.uniform(1, 10), 2), rng.choice(["ok", "ok", "ok", "incorrect"])
+            if status == "ok" and rng.random() < 0.5:  # the screen agrees with the judge: backups may be dropped
+                return screened_at(name, round(ms * rng.uniform(0.97, 1.08), 3), ms)
+            return src(name, ms, status)
+
+        proposers = [NamedProposer(name, [fake(f"{name}{i}_{seed}") for i in range(rng.randint(0, 20))],
+                                   weight=rng.choice([1, 1, 2, 3]))
                      for name in ["template", "inductor", "llm"][:rng.randint(1, 3)]]
         pool = AsyncPool(rng.randint(1, 3), rng, 0.01)
         cfg = SearchConfig(max_evals=rng.randint(3, 40), stall=None, screen_batch=rng.choice([2, 3, 6]),
-                           finalists=rng.choice([1, 2]))
+                           finalists=rng.choice([1, 2, 3]))
         out = {}
 
         def go(seed=seed, pool=pool, proposers=proposers, cfg=cfg):
@@ -412,6 +417,8 @@ def test_the_search_runs_every_proposer_dry_whatever_the_workers_and_timing(tmp_
         reason = out["o"].stop_reason
         assert reason != "stopped", (seed, left)
         assert "max-evals" in reason or not any(left.values()), (seed, reason, left)
+        assert len(set(pool.submitted)) == len(pool.submitted), (seed, "a candidate judged twice")
+        assert out["o"].evaluations == len(pool.submitted) <= cfg.max_evals, seed
 
 
 def screened_at(name: str, screen_ms: float, judge_ms: float, status: str = "ok") -> str:
@@ -457,3 +464,27 @@ def test_every_finalist_is_judged_without_backups(store, problem):
     out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=10, screen_batch=3, finalists=2,
                  backup_agree=None)
     assert pool.submitted == sources[:2] and out.best.source == sources[1]
+
+
+def test_with_two_workers_a_backup_waits_for_its_batchs_verdict(store, problem):
+    """A free worker does not take a backup while the judge times the finalist before it: dropped when that one
+    agrees with the screen, judged when it does not, and the search waits for the verdict rather than ending."""
+    run_id = new_run(store, problem)
+    agree = [screened_at("a", 2.0, 2.04), screened_at("b", 2.1, 1.5), screened_at("c", 3.0, 3.0)]
+    pool = ScreeningPool(workers=2)
+    out = search(store, run_id, problem, FakeProposer(agree), pool, max_evals=10, screen_batch=3, finalists=2)
+    assert pool.submitted == [agree[0]] and out.evaluations == 1
+
+    run_id = new_run(store, problem)
+    disagree = [screened_at("a", 1.0, 2.0), screened_at("b", 1.1, 1.1)]
+    pool = ScreeningPool(workers=2)
+    out = search(store, run_id, problem, FakeProposer(disagree), pool, max_evals=10, screen_batch=2, finalists=2)
+    assert pool.submitted == disagree and out.best.source == disagree[1]
+
+
+def test_judge_all_finalists_turns_the_backups_off():
+    from kernelevolve.cli import build_parser, optimize_config
+
+    parser = build_parser()
+    assert optimize_config(parser.parse_args(["optimize", "p.py"]), "cpu").backup_agree == 0.05
+    assert optimize_config(parser.parse_args(["optimize", "p.py", "--judge-all-finalists"]), "cpu").backup_agree is None

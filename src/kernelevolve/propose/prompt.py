@@ -218,7 +218,8 @@ def verdict_of(node: Node) -> tuple[dict[str, Any], str]:
         text = f"**{payload['status']}** (node {node.id})\n\n{failure_text(node)}"
     else:
         text = (f"**screened** (node {node.id}): checked once and timed at {_fmt(sc.ms if sc else None)} ms; not "
-                "sent on to the judge (slower than the batch's finalists, or no judge evaluation was left)")
+                "judged (slower than the batch's finalists, a backup finalist behind one the judge confirmed, or no "
+                "judge evaluation was left)")
     return payload, text
 
 

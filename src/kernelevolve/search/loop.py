@@ -287,8 +287,8 @@ class _Loop:
     def submit_next(self) -> bool | None:
         """Submit one candidate to the judge, or one batch to the screen: True when work was taken from the queue,
         None while a proposal is still being made, False when the proposers are done."""
-        if self.finalists:
-            node = self.finalists.popleft()
+        node = self.next_finalist()
+        if node is not None:
             self.in_flight[self.pool.submit(node.candidate())] = node
             return True
         if not self.queue:
@@ -296,7 +296,7 @@ class _Loop:
                 self.take_proposal()
             if not self.queue:
                 if self.exhausted:
-                    return False
+                    return None if self.finalists else False  # backups wait for their batch's verdict
                 self.ask()
                 return None
         if self.screen_on():
@@ -308,6 +308,16 @@ class _Loop:
             self.in_flight[self.pool.submit(node.candidate())] = node
             return True
         return node
+
+    def next_finalist(self) -> Node | None:
+        """The first waiting finalist that is not a backup of one the judge is still timing (with several workers,
+        a backup waits for its batch's verdict rather than going to a free worker at once); taken off the queue."""
+        judging = {n.id for n in self.in_flight.values()}
+        for node in self.finalists:
+            if not any(node.id in self.backups.get(j, ()) for j in judging):
+                self.finalists.remove(node)
+                return node
+        return None
 
     def take(self) -> Node | bool:
         """The next queued candidate as a new node of the tree; True when it was consumed without needing a worker
