@@ -1,29 +1,14 @@
 """bench/experience.py's pieces: similar problems by scaled sizes, and evaluations counted to a target time."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from kernelevolve.evaluate.result import Result, ScreenResult, Status, Timing
 from kernelevolve.problem import load_problem
+from tests.benchsuite import load_bench
 from tests.factories import make_node
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load():
-    if "bench_experience" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench_experience", ROOT / "bench" / "experience.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["bench_experience"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["bench_experience"]
-
-
-exp = _load()
+exp = load_bench("experience")
 
 
 def node(ms, cached=False, status=Status.OK, label="x"):

@@ -1,23 +1,17 @@
 """bench/finalists.py: what a batch's later finalists bought, read from suite rows."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.benchsuite import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_finalists", ROOT / "bench" / "finalists.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-finalists = _load()
+finalists = load_bench("finalists")
 
 
 def cand(at: float, screen_ms: float | None, ms: float | None, proposer: str = "template",

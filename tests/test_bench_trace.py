@@ -2,22 +2,16 @@
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
+from tests.benchsuite import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_trace", ROOT / "bench" / "trace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-trace = _load()
+trace = load_bench("trace")
 T0 = dt.datetime(2026, 12, 2, 4, 41, 8, tzinfo=dt.timezone.utc).timestamp()
 
 
