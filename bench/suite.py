@@ -406,14 +406,15 @@ def resumed(paths: list[Path], cfg: SuiteConfig, head: dict[str, Any],
     want = {key: head[key] for key in ("budget_s", "proposers", "small", "device_name")}
     first = earlier_rows(cfg.json_path, head, want)
     second = earlier_rows(again_path(cfg), head, dict(want, budget_s=cfg.again_s)) if again is not None else None
-    done = {r["problem"] for r in first} & ({r["problem"] for r in second} if second is not None else {
-        r["problem"] for r in first})
-    keep = lambda rows: [r for r in rows if r["problem"] in done]  # noqa: E731
+    done = {r["problem"] for r in first}
+    if second is not None:
+        done &= {r["problem"] for r in second}
     todo = [p for p in paths if p.stem not in done]
     head["commands"] = [*head.get("commands", []), head["command"]]  # every call that wrote these rows
     print(f"--resume: {len(paths) - len(todo)} problem(s) already in {cfg.json_path.name}, {len(todo)} to run",
           flush=True)
-    return keep(first), keep(second) if second is not None else None, todo
+    first = [r for r in first if r["problem"] in done]
+    return first, None if second is None else [r for r in second if r["problem"] in done], todo
 
 
 def again_path(cfg: SuiteConfig) -> Path:

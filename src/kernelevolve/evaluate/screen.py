@@ -495,11 +495,13 @@ class Screener:
         if not samples or not all(math.isfinite(x) and x >= 0 for x in samples):
             return ScreenResult(Status.REJECTED, "timing: no usable samples", first_call_s=checked.first_call_s)
         host = header.get("host_ms")
+        details = {k: v for k, v in checked.details.items() if k != "build"}  # the build this timing made
+        if header.get("quick"):
+            details["build"] = "quick"
         return ScreenResult(Status.OK, f"checked once, timed over {len(samples)} repetitions",
                             ms=statistics.median(samples), first_call_s=checked.first_call_s,
                             host_ms=float(host) if isinstance(host, (int, float)) and math.isfinite(host) else None,
-                            timed_at=timed_at, details={**{k: v for k, v in checked.details.items() if k != "build"},
-                                                        **({"build": "quick"} if header.get("quick") else {})})
+                            timed_at=timed_at, details=details)
 
     # --- planning -----------------------------------------------------------------------------------------------
     def _timeable(self, candidate: Candidate) -> bool:

@@ -208,8 +208,12 @@ def _all_state_in(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> boo
         for name, value in vars(module).items():
             if name in ("_parameters", "_buffers", "_modules"):
                 continue
-            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (
-                value,)
+            if isinstance(value, dict):
+                values = value.values()
+            elif isinstance(value, (list, tuple)):
+                values = value
+            else:
+                values = (value,)
             if any(isinstance(v, torch.Tensor) and id(v) not in registered for v in values):
                 return False
     return True
