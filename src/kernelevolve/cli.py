@@ -659,7 +659,8 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     sc.add_argument("--finalists", type=int, default=2, help="the fastest of each batch sent on to the judge")
     sc.add_argument("--judge-all-finalists", action="store_true",
                     help="judge every finalist of a batch; by default those after its fastest are backups, judged "
-                         "only if an earlier one failed the judge or was timed there more than 5%% off its screen time")
+                         "only if an earlier one failed the judge or was timed there more than 5%% off what its screen time "
+                         "predicts (the screen time times the run's median ratio of judge to screen time)")
     sc.add_argument("--max-screened", type=int, default=480,
                     help="screened candidates per run; past it candidates are judged directly (0: no limit)")
     sc.add_argument("--screen-timeout", type=float, default=120.0, help="hard limit per candidate in the screen, s")

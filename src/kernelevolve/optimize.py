@@ -53,8 +53,9 @@ class OptimizeConfig:
     # the screen cannot rank; 0: off.
     screen_batch: int | None = None
     finalists: int = 2
-    # a batch's finalists after its fastest are judged only where the judge's time of an earlier one is off its screen
-    # time by more than this fraction (or it failed there): SearchConfig.backup_agree; None judges every finalist
+    # a batch's finalists after its fastest are judged only where the judge's time of an earlier one is off what its
+    # screen time predicts by more than this fraction (or it failed there): SearchConfig.backup_agree; None judges
+    # every finalist
     backup_agree: float | None = 0.05
     max_screened: int | None = 480
     screen_timeout_s: float = 120.0

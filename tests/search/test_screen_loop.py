@@ -457,6 +457,25 @@ def test_backup_finalists_are_judged_when_the_screen_may_be_wrong(store, problem
     assert pool.submitted == failed and out.best.source == failed[1]
 
 
+def test_backups_are_held_against_the_runs_usual_ratio_of_judge_to_screen(store, problem):
+    """Where the judge times every kernel 12% slower than the screen (a power-capped clock in its longer timing), the
+    screen still ranks right: once two verified nodes show that ratio, a finalist judged at it drops its backups.
+    Before that, the first batch's backup is judged (12% is off by more than 5% from a ratio of 1)."""
+    run_id = new_run(store, problem)
+    sources = [screened_at("a", 1.0, 1.12), screened_at("b", 1.05, 1.176),
+               screened_at("c", 0.9, 1.008), screened_at("d", 0.95, 1.064)]
+    pool = ScreeningPool()
+    search(store, run_id, problem, FakeProposer(sources), pool, max_evals=10, screen_batch=2, finalists=2)
+    assert pool.submitted == sources[:3]  # d, c's backup, is not judged
+
+    run_id = new_run(store, problem)  # a finalist off the usual ratio keeps its backups waiting
+    sources = [screened_at("e", 1.0, 1.12), screened_at("f", 1.05, 1.176),
+               screened_at("g", 0.9, 0.9), screened_at("h", 0.95, 0.8)]
+    pool = ScreeningPool()
+    out = search(store, run_id, problem, FakeProposer(sources), pool, max_evals=10, screen_batch=2, finalists=2)
+    assert pool.submitted == sources and out.best.source == sources[3]
+
+
 def test_every_finalist_is_judged_without_backups(store, problem):
     run_id = new_run(store, problem)
     sources = [screened_at("a", 2.0, 2.0), screened_at("b", 2.1, 1.5), screened_at("c", 3.0, 3.0)]

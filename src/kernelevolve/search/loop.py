@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import statistics
 import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -83,7 +84,8 @@ class SearchConfig:
     screen_batch: int = 0
     finalists: int = 2
     # A batch's finalists after its fastest are backups: judged only if an earlier one failed the judge or was timed
-    # there more than this fraction off its screen time (the screen's ranking then in doubt); None judges them all.
+    # there more than this fraction off what its screen time predicts (the screen's ranking then in doubt; see
+    # _Loop.drop_backups); None judges them all.
     backup_agree: float | None = 0.05
     max_screened: int | None = 480
     screen_share: float = 0.6  # of --time-budget, at most, spent screening; the rest is the judge's
@@ -106,6 +108,9 @@ class SearchOutcome:
 # fastest screen time among the nodes the judge has verified: the screen's and the judge's timings differ, so
 # screen times are compared with screen times.
 FINALIST_SLACK = 0.05
+# Verified nodes with a screen time the run needs before a backup finalist's agreement is held against their median
+# ratio of judge to screen time rather than against 1 (see _Loop.drop_backups).
+RATIO_PAIRS = 2
 # A candidate the screen timed at more than this many times the faster baseline is never sent on to the judge.
 HOPELESS = 3.0
 # The closing round judges a waiting finalist or a proposer's fallback only when its screen or baseline time is at
@@ -563,14 +568,17 @@ class _Loop:
             self.on_result(node, result)
 
     def drop_backups(self, node: Node, result: Result) -> None:
-        """Once the judge has timed a finalist within ``backup_agree`` of its screen time, the screen ranked its batch
-        right: the batch's finalists still waiting behind it, slower on the screen, are not judged (their screen
-        result is their last word). A finalist that failed the judge, or whose times disagree, leaves them waiting."""
+        """Once the judge has timed a finalist within ``backup_agree`` of what its screen time predicts, the screen
+        ranked its batch right: the batch's finalists still waiting behind it, slower on the screen, are not judged
+        (their screen result is their last word). A finalist that failed the judge, or whose times disagree, leaves
+        them waiting. The prediction is the screen time times the run's usual ratio of the two (judge_ratio): on some
+        kernels the judge's longer timing is steadily slower for every candidate alike (a GPU's power cap lowering
+        its clock), which leaves the screen's ranking right."""
         later = self.backups.pop(node.id, None)
         agree = self.cfg.backup_agree
         screen_ms = node.screen.ms if node.screen is not None else None
         if not later or agree is None or not (result.ok and result.timed) or result.runtime_ms is None \
-                or not screen_ms or abs(result.runtime_ms / screen_ms - 1) > agree:
+                or not screen_ms or abs(result.runtime_ms / (screen_ms * self.judge_ratio(node.id)) - 1) > agree:
             return
         waiting = {n.id: n for n in self.finalists if n.id in later}
         if not waiting:
@@ -584,6 +592,13 @@ class _Loop:
             self.observe(backup)
         log.info("node %d: judged at %.4g ms against %.4g ms on the screen; %d backup finalist(s) of its batch not "
                  "judged", node.id, result.runtime_ms, screen_ms, len(waiting))
+
+    def judge_ratio(self, leave_out: int) -> float:
+        """The median ratio of the judge's time to the screen's over the run's verified nodes other than
+        ``leave_out``, once there are RATIO_PAIRS of them; 1 before."""
+        ratios = [n.runtime_ms / n.screen.ms for n in self.history
+                  if n.id != leave_out and n.runtime_ms is not None and n.screen is not None and n.screen.ms]
+        return statistics.median(ratios) if len(ratios) >= RATIO_PAIRS else 1.0
 
     def seed_known(self) -> None:
         """Start a fresh run from the fastest kernels already verified for this problem on this device model (a
