@@ -178,6 +178,9 @@ def best_found(store: Any, run_id: int) -> dict[str, Any]:
                           # host launch time and start of each timing: to explain a judge far from its screen
                           "screen_host_ms": n.screen.host_ms if n.screen else None,
                           "host_ms": n.result.details.get("host_ms") if n.result else None,
+                          # what else the CPU did meanwhile (timing.cpu_share): why a host time may have grown
+                          "screen_cpu": n.screen.details.get("cpu") if n.screen else None,
+                          "cpu": n.result.details.get("cpu") if n.result else None,
                           "screen_at": n.screen.timed_at if n.screen else None,
                           "judged_at": n.result.details.get("timed_at") if n.result else None,
                           "reason": (n.result.reason or "")[:160] if n.result else ""}

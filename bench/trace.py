@@ -5,7 +5,9 @@ both): the SM clock, the power and throttle reasons, and how many processes used
 
 For every candidate both the screen and the judge timed, one line: the two times and their ratio, the host's launch
 time for each (a host time near the GPU time means the device waited on the host), and for each timing window the
-lowest SM clock and the most processes seen on the SMs at once. Rows whose ratio is off by more than --off come first.
+lowest SM clock and the most processes seen on the SMs at once, and what the timing process itself recorded of the
+CPU while it timed: the machine's cores busy on average (its own included) and its own CPU time over the loop's wall
+time (below 1 when it waited for a core). Rows whose ratio is off by more than --off come first.
 """
 from __future__ import annotations
 
@@ -76,6 +78,7 @@ def rows(suite_files: list[Path], trace: list, busy: dict[float, set[int]]) -> l
                     out.append({"file": f.name, "problem": row["problem"], "label": f"{c['proposer']}: {c['label']}",
                                 "screen_ms": c["screen_ms"], "judge_ms": c["ms"], "ratio": c["ms"] / c["screen_ms"],
                                 "screen_host_ms": c.get("screen_host_ms"), "judge_host_ms": c.get("host_ms"),
+                                "screen_cpu": c.get("screen_cpu") or {}, "judge_cpu": c.get("cpu") or {},
                                 "screen": window(c.get("screen_at"), SCREEN_WINDOW_S, trace, busy),
                                 "judge": window(c.get("judged_at"), JUDGE_WINDOW_S, trace, busy)})
     return out
@@ -99,13 +102,15 @@ def main() -> int:
         return 1
     found.sort(key=lambda r: (abs(r["ratio"] - 1) <= args.off, r["problem"]))
     print(f"{'problem':<24} {'candidate':<36} {'screen':>8} {'judge':>8} {'ratio':>6} {'host s/j':>13} "
-          f"{'MHz s/j':>11} {'procs s/j':>9}")
+          f"{'MHz s/j':>11} {'procs s/j':>9} {'cores s/j':>11} {'own s/j':>9}")
     for r in found:
         s, j = r["screen"] or {}, r["judge"] or {}
         print(f"{r['problem'][:24]:<24} {r['label'][:36]:<36} {r['screen_ms']:>8.4f} {r['judge_ms']:>8.4f} "
               f"{r['ratio']:>6.2f} {_fmt(r['screen_host_ms'], '.3f'):>6}/{_fmt(r['judge_host_ms'], '.3f'):<6} "
               f"{_fmt(s.get('min_mhz'), '.0f'):>5}/{_fmt(j.get('min_mhz'), '.0f'):<5} "
-              f"{_fmt(s.get('most_on_sms'), 'd'):>4}/{_fmt(j.get('most_on_sms'), 'd'):<4}")
+              f"{_fmt(s.get('most_on_sms'), 'd'):>4}/{_fmt(j.get('most_on_sms'), 'd'):<4} "
+              f"{_fmt(r['screen_cpu'].get('busy_cores'), '.1f'):>5}/{_fmt(r['judge_cpu'].get('busy_cores'), '.1f'):<5} "
+              f"{_fmt(r['screen_cpu'].get('self_cpu'), '.2f'):>4}/{_fmt(r['judge_cpu'].get('self_cpu'), '.2f'):<4}")
     ratios = [r["ratio"] for r in found]
     print(f"{len(found)} timed by both: median judge/screen {statistics.median(ratios):.3f}, "
           f"{sum(abs(x - 1) > args.off for x in ratios)} off by more than {args.off:.0%}")

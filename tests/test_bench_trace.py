@@ -39,7 +39,8 @@ def _write(tmp_path: Path) -> tuple[Path, Path, Path]:
                         "-    python3")
     (tmp_path / "pmon.txt").write_text("\n".join(pmon) + "\n")
     cands = [{"proposer": "template", "label": "a", "screen_ms": 0.1, "ms": 0.2, "screen_host_ms": 0.02,
-              "host_ms": 0.03, "screen_at": T0 + 2, "judged_at": T0 + 10},
+              "host_ms": 0.03, "screen_at": T0 + 2, "judged_at": T0 + 10,
+              "screen_cpu": {"busy_cores": 1.0, "self_cpu": 1.0}, "cpu": {"busy_cores": 15.5, "self_cpu": 0.5}},
              {"proposer": "template", "label": "b", "screen_ms": 0.1, "ms": 0.101, "screen_at": T0 + 3,
               "judged_at": T0 + 5},
              {"proposer": "inductor", "label": "screened out", "screen_ms": 0.3, "ms": None}]
@@ -54,6 +55,7 @@ def test_each_timing_gets_the_clock_and_the_processes_of_its_window(tmp_path):
     assert [r["label"] for r in got] == ["template: a", "template: b"]  # judged and screened only
     a, b = got
     assert a["ratio"] == 2.0 and a["judge_host_ms"] == 0.03
+    assert a["judge_cpu"]["busy_cores"] == 15.5 and a["screen_cpu"]["self_cpu"] == 1.0 and b["judge_cpu"] == {}
     assert a["judge"]["min_mhz"] == 1200 and a["judge"]["most_on_sms"] == 2
     assert a["screen"]["min_mhz"] == 1980 and a["screen"]["most_on_sms"] == 1
     assert b["judge"]["min_mhz"] == 1980 and b["judge"]["most_on_sms"] == 1

@@ -17,6 +17,7 @@ def test_genuine_is_ok_and_timed_with_cuda_events(gpu_evaluator, candidate, name
     assert "side_stream" not in r.details
     # the host's launch time of a call, and when the timing began: beside a GPU trace they explain a slow timing
     assert 0 < r.details["host_ms"] < 1000 and r.details["timed_at"] > 0
+    assert r.details["cpu"]["self_cpu"] > 0 and r.details["cpu"]["busy_cores"] > 0
 
 
 def test_a_wrong_output_on_the_gpu_carries_its_mismatch_report(gpu_evaluator, candidate):

@@ -26,6 +26,9 @@ def test_genuine_torch_is_ok_and_timed(scale_evaluator, candidate):
     # the host's launch time and the start of the timing are kept, to set a judge's time beside a trace
     assert 0 < r.details["host_ms"] <= r.timing.max_ms
     assert abs(r.details["timed_at"] - time.time()) < 120
+    # and what the CPU did meanwhile (Linux): this process's share of a core, the machine's busy cores
+    cores = os.cpu_count() + 0.5  # torch runs its CPU ops on several threads of this process
+    assert 0 < r.details["cpu"]["self_cpu"] <= cores and 0 < r.details["cpu"]["busy_cores"] <= cores
 
 
 def test_genuine_triton_runs_under_the_interpreter_untimed(scale_evaluator, candidate):

@@ -42,6 +42,7 @@ def test_a_batch_is_ranked_and_every_culprit_is_named(screener, candidate, tmp_p
     assert got["genuine_torch"].ms < got["slow"].ms and got["slow"].ms >= 4.0
     assert got["slow"].host_ms >= 4.0 and got["slow"].timed_at is not None  # on the CPU the host time is the time
     assert got["genuine_triton"].host_ms is None
+    assert got["slow"].details["cpu"]["self_cpu"] >= 0 and "cpu" not in got["genuine_triton"].details
     assert sorted(seen) == list(range(len(names)))
 
 

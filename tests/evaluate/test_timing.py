@@ -1,4 +1,7 @@
 """The timing loop refills the same input buffers with new values before every call."""
+import time
+
+import pytest
 import torch
 
 from kernelevolve.evaluate.timing import TimingConfig, measure, warm_up
@@ -55,3 +58,37 @@ def test_the_hosts_launch_time_is_kept_for_every_repetition():
     run = measure(fn, sets, "cpu", reps, cfg, calls)
     assert len(run.host_ms) == reps == 4
     assert run.host_ms == run.samples_ms and min(run.host_ms) >= 2.0
+
+
+def test_the_loop_records_what_else_the_cpu_did():
+    """Processes burning every core while the loop runs show as busy cores, and as cores taken from the timing
+    process: what explains a host's launch time that grew for no fault of the candidate."""
+    import os
+    import subprocess
+    import sys
+
+    from kernelevolve.evaluate.timing import cpu_share
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("the machine's busy time comes from Linux's /proc/stat")
+    sets = [[torch.ones(64)]]
+
+    def fn(x):
+        end = time.perf_counter() + 0.002  # on a core the whole time, like a launch loop
+        while time.perf_counter() < end:
+            pass
+        return x + 1
+
+    cfg = TimingConfig(budget_ms=1, warmup_ms=1, min_reps=150, max_reps=150, flush=False)
+    cores = os.cpu_count() or 1
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores + 1)]
+    try:
+        time.sleep(0.3)
+        run = measure(fn, sets, "cpu", 150, cfg)
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+    assert run.cpu["busy_cores"] >= 0.75 * cores, run.cpu
+    assert run.cpu["preempted"] > 0 and run.cpu["self_cpu"] < 0.95, run.cpu
+    assert cpu_share(None, (1.0, 0.0, 1.0, 2.0), 1.0) == {}

@@ -417,7 +417,7 @@ class Evaluator:
         memory = res.get("memory") if isinstance(res.get("memory"), dict) else {}
         _note_peak(details, memory.get("peak_bytes"))
         details.update(reps=reps, input_sets=res["input_sets"], first_call_s=res.get("first_call_s"),
-                       host_ms=_finite(res.get("host_ms")),
+                       host_ms=_finite(res.get("host_ms")), cpu=cpu_of(res),
                        parent_wall_s=wall, reported_s=reported_s, calibrated_s=calib["parent_wall_s"],
                        calibrated_reps=calib["reps"], memory=memory)
         if reported_s > wall * 1.05 + 0.01:
@@ -527,6 +527,14 @@ def _device_of(tensors: tuple) -> torch.device:
 def _finite(value: Any) -> float | None:
     """A number the child reported, or None: the channel is the candidate's to write on too."""
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def cpu_of(header: dict[str, Any]) -> dict[str, float]:
+    """The CPU's share of a timed loop as the child reported it (timing.cpu_share): its known keys with numbers only."""
+    cpu = header.get("cpu")
+    if not isinstance(cpu, dict):
+        return {}
+    return {k: v for k in ("busy_cores", "self_cpu", "preempted") if (v := _finite(cpu.get(k))) is not None}
 
 
 def _count(value: Any) -> int:

@@ -33,7 +33,7 @@ import torch
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.checks import compare_outputs
 from kernelevolve.evaluate.evaluator import (_MALFORMED, Evaluator, _expect, _load_tensors, _raise_on_fail, _Verdict,
-                                             fresh_seed)
+                                             cpu_of, fresh_seed)
 from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import ScreenResult, Status
@@ -498,6 +498,8 @@ class Screener:
         details = {k: v for k, v in checked.details.items() if k != "build"}  # the build this timing made
         if header.get("quick"):
             details["build"] = "quick"
+        if cpu := cpu_of(header):
+            details["cpu"] = cpu
         return ScreenResult(Status.OK, f"checked once, timed over {len(samples)} repetitions",
                             ms=statistics.median(samples), first_call_s=checked.first_call_s,
                             host_ms=float(host) if isinstance(host, (int, float)) and math.isfinite(host) else None,

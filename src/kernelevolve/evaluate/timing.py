@@ -5,6 +5,8 @@ that patches ``time.perf_counter`` or ``torch.cuda.Event`` later cannot reach th
 """
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -12,6 +14,15 @@ from typing import Any, Callable, Sequence
 import torch
 
 _perf = time.perf_counter
+_process_time = time.process_time
+try:
+    import resource
+
+    _getrusage: Callable[[int], Any] | None = resource.getrusage
+    _SELF = resource.RUSAGE_SELF
+except ImportError:  # not on every platform
+    _getrusage, _SELF = None, 0
+_CORES = os.cpu_count() or 1
 _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
 _record = torch.cuda.Event.record
@@ -45,6 +56,37 @@ class TimingRun:
     # per repetition: the host's time from the call to its return (launching, not waiting). Where it comes near the
     # GPU sample, the device waited on the host: the call is launch-bound under this loop, whatever its kernels.
     host_ms: list[float] = field(default_factory=list)
+    # What else the CPU did while the loop ran (see cpu_share): why a host's launch time may have grown.
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+def _cpu_mark() -> tuple[float, float, float, float] | None:
+    """(this process's CPU seconds, its involuntary context switches, the machine's busy and total clock ticks), or
+    None where the system does not say (the ticks come from Linux's /proc/stat)."""
+    try:
+        switches = float(_getrusage(_SELF).ru_nivcsw) if _getrusage is not None else math.nan
+        with open("/proc/stat", "rb") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        return _process_time(), switches, float(sum(ticks) - ticks[3] - ticks[4]), float(sum(ticks))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_share(before: tuple[float, ...] | None, after: tuple[float, ...] | None, wall_s: float) -> dict[str, float]:
+    """Between two _cpu_mark readings ``wall_s`` apart: ``busy_cores``, the machine's cores busy on average (this
+    process's included), ``self_cpu``, this process's CPU time over the wall time (about 1 while one thread launches
+    and waits on the device, less when it was made to wait for a core, more where its own threads run torch's CPU
+    ops in parallel), and ``preempted``, how many times the system
+    took a core from it. Empty where a reading is missing. Only read, never judged: the loop's own timing decides."""
+    if before is None or after is None or wall_s <= 0:
+        return {}
+    cpu_s, switches, busy, total = (b - a for a, b in zip(before, after))
+    out = {"self_cpu": round(cpu_s / wall_s, 3)}
+    if math.isfinite(switches):
+        out["preempted"] = switches
+    if total > 0:
+        out["busy_cores"] = round(busy / total * _CORES, 2)
+    return out
 
 
 def _call_until(fn: Callable[..., Any], live: "_LiveInputs", budget_s: float, sync: Callable[[], None],
@@ -129,6 +171,7 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
     kept: dict[int, tuple[torch.Tensor, ...]] = {}
     host: list[float] = []
     _sync()
+    mark = _cpu_mark()
     t0 = _perf()
     for i, (start, stop, idle) in enumerate(events):
         with _no_modes():
@@ -149,15 +192,17 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
         del out  # the next call's output may reuse this one's memory
     _sync()
     wall = _perf() - t0
+    cpu = cpu_share(mark, _cpu_mark(), wall)
     stream = [_elapsed(s, e) for s, e, _ in events]
     device = [_elapsed(s, d) for s, _, d in events]
-    return TimingRun(stream, device, wall, warm_calls, "cuda-events", kept, host)
+    return TimingRun(stream, device, wall, warm_calls, "cuda-events", kept, host, cpu)
 
 
 def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
               keep: set[int], keep_on_host: bool = False,
               extra: Callable[[], Sequence[Any]] | None = None) -> TimingRun:
     samples, kept = [], {}
+    mark = _cpu_mark()
     t0 = _perf()
     for i in range(reps):
         with _no_modes():
@@ -172,4 +217,5 @@ def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm
                 kept[i] = _kept(out, keep_on_host) + (_kept(tuple(extra()), keep_on_host) if extra else ())
         del out
     wall = _perf() - t0
-    return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept, samples)
+    return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept, samples,
+                     cpu_share(mark, _cpu_mark(), wall))

@@ -381,7 +381,7 @@ class Session:
             del sets
             self._check_tamper("timing")
             self.chan.send({"msg": "screen_timed", "samples_ms": run.samples_ms, "method": run.method,
-                            "reps": reps, "host_ms": _median(run.host_ms), "quick": self.quick})
+                            "reps": reps, "host_ms": _median(run.host_ms), "cpu": run.cpu, "quick": self.quick})
         except Fail as f:
             self.chan.send({"msg": "fail", "status": f.status, "reason": f.reason, "error": f.error})
         except Exception as e:
@@ -426,7 +426,7 @@ class Session:
         run = timing.measure(fn, sets, self.device, reps, self.cfg, calls, keep, plan["keep_on_host"],
                              plan["in_place"], self._before(), self.state.read if self.state is not None else None)
         self.chan.send({"msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
-                        "host_ms": _median(run.host_ms),
+                        "host_ms": _median(run.host_ms), "cpu": run.cpu,
                         "loop_wall_s": run.loop_wall_s, "reps": reps, "warmup_calls": calls, "method": run.method,
                         "input_sets": len(sets), "first_call_s": self.first_call_s,
                         "memory": dict(plan, peak_bytes=self._peak_bytes())})
