@@ -304,3 +304,25 @@ def test_processes_started_ahead_after_close_are_not_kept(screener):
     one.warm(None, 1, claimed=True)
     assert started and not any(one._idle.values())
     assert all(pid_gone(c.proc.pid) for c in started)
+
+
+def test_check_processes_yield_the_cpu_to_the_process_that_times(screener):
+    """The check stage's processes (compiling, checking) run at a lower CPU priority than the timing process, so that
+    a kernel timed meanwhile (the judge's, another GPU's screen) does not wait on them for a core."""
+    import os
+
+    from kernelevolve.evaluate.evaluator import _expect
+    from kernelevolve.evaluate.screen import CHECK_NICE
+
+    if not hasattr(os, "getpriority"):
+        pytest.skip("no process priorities here")
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    children = {name: screener._fresh_child(name, None) for name in ("check", "time")}
+    try:
+        for child in children.values():
+            _expect(child, "hello")
+        assert os.getpriority(os.PRIO_PROCESS, children["check"].proc.pid) == min(19, base + CHECK_NICE)
+        assert os.getpriority(os.PRIO_PROCESS, children["time"].proc.pid) == base
+    finally:
+        for child in children.values():
+            child.kill()

@@ -5,7 +5,8 @@ deadline per candidate, a scrubbed environment):
 
 1. **check**: up to ``parallel`` processes share the batch. Each loads a candidate, calls it once on inputs drawn
    from one fresh seed and sends its outputs; the parent compares them with the reference it computed once for the
-   batch. Triton and Inductor compile here, in parallel on the CPU cores, into their on-disk caches.
+   batch. Triton and Inductor compile here, in parallel on the CPU cores, into their on-disk caches, at a lower CPU
+   priority than the processes that time kernels.
 2. **time**: one process loads each correct candidate again (its kernels now come from those caches) and times it
    briefly, the cache flushed before every repetition. One process, so that the timings do not disturb each other.
 
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 MAX_PARALLEL = 16
 # Device memory a check process needs besides its inputs and outputs (its CUDA context, allocator slack).
 PROCESS_BYTES = 1 << 30
+# The check processes' CPU priority (a nice increment): they compile and check while another process may be timing a
+# kernel (the judge, or another GPU's screen), whose launches must not wait for a core.
+CHECK_NICE = 10
 # Processes are kept between batches only for problems whose inputs and outputs take less than this.
 KEEP_BYTES = 1 << 30
 # Failures after which a process stays in use: what the candidate left behind, the next candidate's load finds.
@@ -160,6 +164,8 @@ class Screener:
     def _fresh_child(self, name: str, gpu: int | None) -> Child:
         job = self.evaluator._job("screen", gpu, f"screen_{name}_{fresh_seed() % 10**6}")
         job["screen_timing"] = asdict(self.config.timing)
+        if name == "check":
+            job["nice"] = CHECK_NICE
         child = Child(job, self.config.timeout_s)
         child.answered = 0  # candidates it has answered, over every batch
         return child

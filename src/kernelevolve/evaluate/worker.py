@@ -95,6 +95,9 @@ def child_main(conn: Any, job: dict[str, Any]) -> None:
         os.setsid()  # own process group: the parent kills the whole group on timeout
     except OSError:
         pass
+    if job.get("nice"):  # background work (the screen's checks): the processes that time kernels get the cores first
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            os.nice(int(job["nice"]))
     checks.become_subreaper()
     checks.die_with_parent(job.get("server_pid"))
     _release_server_pipe()
