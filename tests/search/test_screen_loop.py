@@ -185,6 +185,10 @@ def test_the_proposer_holding_the_fastest_kernel_is_asked_for_more():
     assert proposer_promise(only_screened, names, 4)["inductor"] == 2.0
     failing = [screened(i, "inductor", Status.COMPILE_ERROR) for i in range(8)] + [judged(9, "template", 1.0)]
     assert proposer_promise(failing, names, 4) == {"template": 2.0, "inductor": 0.5}
+    # the run was handed Inductor's fastest kernel (max-autotune's, judged before): the template's own leads
+    handed = [make_node(1, judged(1, "inductor", 0.3).result, proposer="inductor", meta={"reused": True}),
+              judged(2, "template", 0.36), judged(3, "inductor", 0.4)]
+    assert proposer_promise(handed, names, 4) == {"template": 2.0, "inductor": 1.0}
 
 
 def test_a_budget_spent_screening_still_buys_a_judged_evaluation(store, problem):

@@ -49,14 +49,17 @@ def rank_experience(entries: list[Experience], profile: Profile | None) -> list[
 
 def proposer_promise(history: list[Node], names: list[str], per: int) -> dict[str, float]:
     """How much of the next ask each proposer gets, against its weight: twice for the one whose kernel is the run's
-    fastest (by the judge, else by the screen), half for one whose last ``2 * per`` candidates all failed."""
+    fastest (by the judge, else by the screen) among those it proposed, half for one whose last ``2 * per``
+    candidates all failed. A kernel the run was handed (``reused``: a baseline's, an earlier run's winner) says
+    nothing of how its proposer will do here: a run that starts from max-autotune's kernel would otherwise give the
+    Inductor proposer, whose configurations rarely beat it, the turns after the template's first batch."""
     def ms(n: Node) -> float | None:
         if n.runtime_ms is not None:
             return n.runtime_ms
         return n.screen.ms if n.result is None and n.screen is not None and n.screen.ok else None
 
     out = dict.fromkeys(names, 1.0)
-    timed = [n for n in history if ms(n) is not None]
+    timed = [n for n in history if ms(n) is not None and not n.meta.get("reused")]
     judged = [n for n in timed if n.runtime_ms is not None]
     pool = judged or timed
     if pool:
