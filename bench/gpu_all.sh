@@ -3,7 +3,7 @@
 # each writing its logs and JSON under $OUT and printing a short summary last.
 # Usage: OUT=dir STEPS="tests screen experience suite load throughput kernelbench report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
-#        LEVELS="1 2" COVERAGE=table.json MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
+#        LEVELS="1 2" COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
 #        NO_MAX_AUTOTUNE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json EXP_JSON=earlier-experience.json \
 #        PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
@@ -68,12 +68,13 @@ for step in ${STEPS:-tests experience}; do
     kernelbench)
       # KernelBench problems a template family matches (bench/coverage.py's table), resumable: KB_JSON names a file
       # from an earlier call to go on from, DEADLINE stops starting problems after that many seconds, KB_ROOT names the
-      # KernelBench folder where ../shared/kernelbench is not beside the checkout
+      # KernelBench folder where ../shared/kernelbench is not beside the checkout, FAMILIES keeps the problems with a
+      # region of those template families (matmul: the GEMM problems)
       [ -n "${KB_JSON:-}" ] && cp "$KB_JSON" "$OUT/kernelbench.json"
       # shellcheck disable=SC2086
       python3 bench/kernelbench.py --root "${KB_ROOT:-../shared/kernelbench}" --device cuda --level ${LEVELS:-1 2} \
         --matched "${COVERAGE:-bench/results/2026-12-02-kernelbench-coverage.json}" ${LIMIT:+--limit $LIMIT} \
-        ${MIN_CLAIMED:+--min-claimed $MIN_CLAIMED} ${NO_MAX_AUTOTUNE:+--no-max-autotune} \
+        ${MIN_CLAIMED:+--min-claimed $MIN_CLAIMED} ${FAMILIES:+--families $FAMILIES} ${NO_MAX_AUTOTUNE:+--no-max-autotune} \
         --budget-s "${BUDGET:-20}" ${DEADLINE:+--deadline-s $DEADLINE} --out-dir "$OUT/kernelbench" \
         --json "$OUT/kernelbench.json" 2>&1 | tee "$OUT/kernelbench.log" | tail -8
       python3 bench/kernelbench.py --markdown --json "$OUT/kernelbench.json" | tail -12 ;;
