@@ -182,6 +182,8 @@ def best_found(store: Any, run_id: int) -> dict[str, Any]:
                           "screen_cpu": n.screen.details.get("cpu") if n.screen else None,
                           "cpu": n.result.details.get("cpu") if n.result else None,
                           "screen_at": n.screen.timed_at if n.screen else None,
+                          # "not judged": a backup finalist its batch's judged first finalist made unneeded
+                          "backup": n.screen.details.get("backup") if n.screen else None,
                           "judged_at": n.result.details.get("timed_at") if n.result else None,
                           "reason": (n.result.reason or "")[:160] if n.result else ""}
                          for n in nodes]

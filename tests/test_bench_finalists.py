@@ -28,14 +28,15 @@ ROWS = [
         cand(100.0, 1.0, 1.01, judged_at=105.0), cand(104.0, 1.1, 1.12, judged_at=106.0), cand(104.2, 2.0, None),
         # batch 2: the first was judged 2x its screen time, the second won
         cand(110.0, 0.5, 1.0, judged_at=111.0), cand(110.1, 0.6, 0.61, judged_at=112.0),
-        # another proposer's candidate right after: a batch of its own, one judged finalist
-        cand(112.5, 0.7, 0.7, "inductor", judged_at=113.0)]},
+        # another proposer's candidate right after: a batch of its own, one judged finalist and a backup not judged
+        cand(112.5, 0.7, 0.7, "inductor", judged_at=113.0), dict(cand(112.6, 0.75, None, "inductor"),
+                                                                   backup="not judged")]},
 ]
 
 
 def test_batches_split_on_judge_timings_and_proposer():
     groups = finalists.batches(ROWS[0])
-    assert [len(g) for g in groups] == [3, 2, 1]
+    assert [len(g) for g in groups] == [3, 2, 2]
 
 
 def test_pairs_and_the_printed_counts(tmp_path):
@@ -47,3 +48,4 @@ def test_pairs_and_the_printed_counts(tmp_path):
                          text=True, check=True).stdout
     assert "2 batches with two judged finalists or more; a later finalist judged >1% faster than the first in 1" in out
     assert "within 5% in 1: its backups would not be judged; of those, a backup was >1% faster in 0" in out
+    assert "backup finalists not judged (rows since the backups were marked): 1, in 1 batches" in out

@@ -589,8 +589,9 @@ class _Loop:
         self.finalists = deque(n for n in self.finalists if n.id not in waiting)
         for node_id, backup in waiting.items():
             self.backups.pop(node_id, None)
-            self.store.clear_finalist(node_id)
-            backup = replace(backup, finalist=False)
+            screen = backup.screen and replace(backup.screen, details={**backup.screen.details, "backup": "not judged"})
+            self.store.drop_finalist(node_id, screen)
+            backup = replace(backup, finalist=False, screen=screen)
             self.history[self.position[node_id]] = backup
             self.observe(backup)
         log.info("node %d: judged at %.4g ms against %.4g ms on the screen; %d backup finalist(s) of its batch not "
