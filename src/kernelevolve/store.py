@@ -220,14 +220,10 @@ class Store:
                     (node_id, screen.status.value, screen.reason, screen.ms, json.dumps(screen.to_dict()),
                      int(finalist), now()))
 
-    def drop_finalist(self, node_id: int, screen: ScreenResult | None = None) -> None:
-        """A finalist that will not be judged after all: its screen result, its last word, stays as it was, or becomes
-        ``screen`` (the same result, marked as a backup not judged)."""
-        if screen is None:
-            self._write("UPDATE screens SET finalist = 0 WHERE node_id = ?", (node_id,))
-        else:
-            self._write("UPDATE screens SET finalist = 0, data = ? WHERE node_id = ?",
-                        (json.dumps(screen.to_dict()), node_id))
+    def drop_finalist(self, node_id: int, screen: ScreenResult) -> None:
+        """A finalist that will not be judged after all: ``screen``, its screen result marked so, is its last word."""
+        self._write("UPDATE screens SET finalist = 0, data = ? WHERE node_id = ?",
+                    (json.dumps(screen.to_dict()), node_id))
 
     def count_screened(self, run_id: int) -> int:
         return self.db.execute("SELECT COUNT(*) FROM nodes n JOIN screens s ON s.node_id = n.id WHERE n.run_id = ?",

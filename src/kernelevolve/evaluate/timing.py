@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -127,7 +127,9 @@ def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
     flush = torch.empty(FLUSH_BYTES["cuda" if cuda else "cpu"], dtype=torch.int8, device=device) if cfg.flush else None
     live = _LiveInputs(input_sets, in_place, before)
     loop = _time_cuda if cuda else _time_cpu
-    return loop(fn, live, reps, flush, warm_calls, set(keep), keep_on_host, extra)
+    mark, t0 = _cpu_mark(), _perf()
+    run = loop(fn, live, reps, flush, warm_calls, set(keep), keep_on_host, extra)
+    return replace(run, cpu=cpu_share(mark, _cpu_mark(), _perf() - t0))
 
 
 def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str,
@@ -171,7 +173,6 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
     kept: dict[int, tuple[torch.Tensor, ...]] = {}
     host: list[float] = []
     _sync()
-    mark = _cpu_mark()
     t0 = _perf()
     for i, (start, stop, idle) in enumerate(events):
         with _no_modes():
@@ -192,17 +193,15 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
         del out  # the next call's output may reuse this one's memory
     _sync()
     wall = _perf() - t0
-    cpu = cpu_share(mark, _cpu_mark(), wall)
     stream = [_elapsed(s, e) for s, e, _ in events]
     device = [_elapsed(s, d) for s, _, d in events]
-    return TimingRun(stream, device, wall, warm_calls, "cuda-events", kept, host, cpu)
+    return TimingRun(stream, device, wall, warm_calls, "cuda-events", kept, host)
 
 
 def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
               keep: set[int], keep_on_host: bool = False,
               extra: Callable[[], Sequence[Any]] | None = None) -> TimingRun:
     samples, kept = [], {}
-    mark = _cpu_mark()
     t0 = _perf()
     for i in range(reps):
         with _no_modes():
@@ -217,5 +216,4 @@ def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm
                 kept[i] = _kept(out, keep_on_host) + (_kept(tuple(extra()), keep_on_host) if extra else ())
         del out
     wall = _perf() - t0
-    return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept, samples,
-                     cpu_share(mark, _cpu_mark(), wall))
+    return TimingRun(samples, samples, wall, warm_calls, "perf_counter", kept, samples)

@@ -589,7 +589,8 @@ class _Loop:
         self.finalists = deque(n for n in self.finalists if n.id not in waiting)
         for node_id, backup in waiting.items():
             self.backups.pop(node_id, None)
-            screen = backup.screen and replace(backup.screen, details={**backup.screen.details, "backup": "not judged"})
+            # a backup is one of its batch's screened finalists: it has a screen result
+            screen = replace(backup.screen, details={**backup.screen.details, "backup": "not judged"})
             self.store.drop_finalist(node_id, screen)
             backup = replace(backup, finalist=False, screen=screen)
             self.history[self.position[node_id]] = backup
