@@ -1,4 +1,5 @@
 """The timing loop refills the same input buffers with new values before every call."""
+import os
 import time
 
 import pytest
@@ -92,3 +93,14 @@ def test_the_loop_records_what_else_the_cpu_did():
     assert run.cpu["busy_cores"] >= 0.75 * cores, run.cpu
     assert run.cpu["preempted"] > 0 and run.cpu["self_cpu"] < 0.95, run.cpu
     assert cpu_share(None, (1.0, 0.0, 1.0, 2.0), 1.0) == {}
+
+
+def test_busy_cores_never_reads_under_the_process_own_share():
+    """A coarse /proc/stat can count no busy tick in a short loop while the loop kept a core busy."""
+    from kernelevolve.evaluate.timing import cpu_share
+
+    # (CPU seconds, switches, busy ticks, total ticks): 0.1 s of this process's CPU in 0.1 s, no busy tick counted
+    share = cpu_share((5.0, 0.0, 100.0, 1000.0), (5.1, 0.0, 100.0, 1160.0), 0.1)
+    assert share["self_cpu"] == 1.0 and share["busy_cores"] == 1.0
+    busy = cpu_share((5.0, 0.0, 100.0, 1000.0), (5.1, 0.0, 260.0, 1160.0), 0.1)  # every tick busy
+    assert busy["busy_cores"] == (os.cpu_count() or 1)

@@ -74,7 +74,7 @@ def _cpu_mark() -> tuple[float, float, float, float] | None:
 
 def cpu_share(before: tuple[float, ...] | None, after: tuple[float, ...] | None, wall_s: float) -> dict[str, float]:
     """Between two _cpu_mark readings ``wall_s`` apart: ``busy_cores``, the machine's cores busy on average (this
-    process's included), ``self_cpu``, this process's CPU time over the wall time (about 1 while one thread launches
+    process's included, so never less than ``self_cpu``), ``self_cpu``, this process's CPU time over the wall time (about 1 while one thread launches
     and waits on the device, less when it was made to wait for a core, more where its own threads run torch's CPU
     ops in parallel), and ``preempted``, how many times the system took a core from it. Empty where a reading is
     missing. Only read, never judged: the loop's own timing decides."""
@@ -85,7 +85,9 @@ def cpu_share(before: tuple[float, ...] | None, after: tuple[float, ...] | None,
     if math.isfinite(switches):
         out["preempted"] = switches
     if total > 0:
-        out["busy_cores"] = round(busy / total * _CORES, 2)
+        # /proc/stat counts in clock ticks, and some containers refresh it coarsely: a short loop can read no busy
+        # tick at all, so the figure is floored at this process's own share (it ran on a core the whole time)
+        out["busy_cores"] = round(max(busy / total * _CORES, out["self_cpu"]), 2)
     return out
 
 
