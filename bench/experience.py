@@ -87,13 +87,19 @@ def evaluations_to(nodes: list[Node], within_ms: float, judged_only: bool = Fals
 
 
 def trace(nodes: list[Node]) -> list[list[Any]]:
-    """[label, ms or status] of each of a run's own evaluations, in order: to see which candidate reached what."""
+    """[label, judged ms or status, screen ms or status, source sha] of each of a run's own candidates, in order: to
+    see which candidate reached what. Labels name a change from a parent, so the sha tells whether two runs tried
+    the same kernel."""
+    def outcome(ms: float | None, status: Any) -> Any:
+        return round(ms, 5) if ms is not None else (str(status.value) if status is not None else None)
+
     out: list[list[Any]] = []
     for node in nodes:
         if node.cached:
             continue
-        ms, r = node.runtime_ms, node.result
-        out.append([node.label, round(ms, 5) if ms is not None else (str(r.status.value) if r else None)])
+        r, sr = node.result, node.screen
+        out.append([node.label, outcome(node.runtime_ms, r.status if r else None),
+                    outcome(sr.ms if sr else None, sr.status if sr else None), node.sha[:12]])
     return out
 
 
@@ -148,8 +154,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     done = [r for r in rows if "error" not in r]
     return {"pairs": len(rows), "measured": len(done), "reached": sum(r.get("n_warm") is not None for r in done),
             "geomean_ratio": suite.geomean([r["ratio"] for r in done if r.get("ratio")]),
-            "cold_evals_to_best": sum(r["n_cold"] or 0 for r in done),
-            "warm_evals_to_reach": sum(r["n_warm"] or 0 for r in done if r.get("n_warm") is not None)}
+            # both sums over the pairs whose warm run reached the cold best, so that they compare
+            "cold_evals_to_best": sum(r["n_cold"] or 0 for r in done if r.get("n_warm") is not None),
+            "warm_evals_to_reach": sum(r["n_warm"] for r in done if r.get("n_warm") is not None),
+            "cold_evals_all": sum(r["n_cold"] or 0 for r in done)}
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -166,8 +174,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{r.get('note', '')}")
     s = summarize(rows)
     print(f"pairs {s['pairs']}, measured {s['measured']}, reached {s['reached']}; geomean ratio "
-          f"{fmt(s['geomean_ratio'], '.2f')}; evaluations: {s['cold_evals_to_best']} cold to best, "
-          f"{s['warm_evals_to_reach']} warm to reach")
+          f"{fmt(s['geomean_ratio'], '.2f')}; candidates where the warm run reached: {s['cold_evals_to_best']} "
+          f"cold to best, {s['warm_evals_to_reach']} warm to reach ({s['cold_evals_all']} cold in all)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             i, n = (int(v) for v in args.shard.split("/"))
             stems = stems[i::n]
         command = " ".join(["python3", __file__, *argv])
-        head = {"device": args.device, "device_name": torch.cuda.get_device_name(0) if args.device == "cuda"
+        head = {"date": time.strftime("%Y-%m-%d"), "device": args.device, "device_name": torch.cuda.get_device_name(0) if args.device == "cuda"
                 else "cpu", **versions(), "command": command, "budget_s": args.budget_s,
                 "max_evals": args.max_evals, "proposers": args.proposer, "tol": args.tol, "small": args.small}
         rows = []

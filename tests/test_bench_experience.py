@@ -42,9 +42,12 @@ def test_evaluations_to_counts_own_evaluations_only():
 
 
 def test_trace_lists_own_evaluations_in_order_with_time_or_status():
+    screened = make_node(2, None, meta={"label": "tile"}, screen=ScreenResult(Status.OK, "ok", ms=2.5))
     nodes = [node(5.0, cached=True, label="known"), node(None, status=Status.INCORRECT, label="bad"),
-             node(3.0, label="defaults")]
-    assert exp.trace(nodes) == [["bad", "incorrect"], ["defaults", 3.0]]
+             node(3.0, label="defaults"), screened]
+    got = exp.trace(nodes)
+    assert [row[:3] for row in got] == [["bad", "incorrect", None], ["defaults", 3.0, None], ["tile", None, 2.5]]
+    assert got[2][3] == screened.sha[:12]
 
 
 def test_summary_ratio():
@@ -53,6 +56,8 @@ def test_summary_ratio():
             {"problem": "c", "n_cold": 5, "n_warm": None, "ratio": None}, {"problem": "d", "error": "x"}]
     s = exp.summarize(rows)
     assert s["geomean_ratio"] == pytest.approx(2.0) and s["reached"] == 2 and s["measured"] == 3
+    # the sums compare the pairs the warm run reached; the cold total keeps the others
+    assert (s["cold_evals_to_best"], s["warm_evals_to_reach"], s["cold_evals_all"]) == (11, 5, 16)
 
 
 def test_a_call_stops_at_its_deadline_and_the_next_goes_on_with_resume(tmp_path, monkeypatch):
