@@ -9,7 +9,9 @@ against the reference and timed briefly, with the cache flushed. Triton's and In
 (fresh ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR``), so compile time is counted. Throughput = screened
 configurations / the screen's wall time x 60: configurations per GPU-minute (one GPU). Then the ``--judge`` fastest by
 screen time are judged by the full judge. The row reports both medians per judged kernel, the median ratio of judge
-to screen, and Spearman's rank correlation between the two clocks.
+to screen, and Spearman's rank correlation between the two clocks, and for each knob of the plan the fastest screen
+time at each of its values (``knob_bests``: for instance whether tf32x3 or the exact FMA dot made the fastest fp32
+GEMMs). A problem may be named by its path (a KernelBench file, say) as well as by its suite stem.
 """
 from __future__ import annotations
 
@@ -56,6 +58,21 @@ def sample_configs(proposer: Any, plan: Any, n: int, seed: int) -> list[tuple[st
                 out.append((label, source, genome))
         genome = {r.key: {k: rng.choice(v) for k, v in r.space.items()} for r in plan.regions}
     return out
+
+
+def knob_bests(samples: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """For each region and knob that took more than one value among the timed samples: the fastest screen time at
+    each value (which precision, tile or schedule the fastest kernels share)."""
+    values: dict[str, dict[str, dict[str, float]]] = {}
+    for sample in samples:
+        if sample["status"] != "ok" or sample["ms"] is None:
+            continue
+        for region, genes in sample["genome"].items():
+            for knob, value in genes.items():
+                best = values.setdefault(region, {}).setdefault(knob, {})
+                best[str(value)] = min(best.get(str(value), float("inf")), sample["ms"])
+    return {region: {knob: dict(sorted(v.items(), key=lambda kv: kv[1])) for knob, v in knobs.items() if len(v) > 1}
+            for region, knobs in values.items()}
 
 
 def spearman(pairs: list[tuple[float, float]]) -> float | None:
@@ -111,12 +128,13 @@ def run_problem(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         row.update(eager_ms=base.eager.median_ms if base.eager else None,
                    compile_ms=base.compiled.median_ms if base.compiled else None)
     pairs = [(d["screen_ms"], d["judge_ms"]) for d in judged if d["judge_ms"] is not None]
+    samples = [{"genome": g, "status": r.status.value, "ms": r.ms, "first_call_s": r.first_call_s}
+               for (_, _, g), r in zip(configs, results)]
     return dict(row, configs=len(cands), screened=len(results), statuses=statuses, screen_wall_s=round(wall, 2),
                 per_gpu_minute=round(len(results) / wall * 60, 1) if wall > 0 else None,
                 fastest_screen_ms=timed[0][0] if timed else None, judged=judged,
                 stage_s={k: round(sum(b[k] for b in stages), 2) for k in ("reference_s", "check_s", "time_s")},
-                samples=[{"genome": g, "status": r.status.value, "ms": r.ms, "first_call_s": r.first_call_s}
-                         for (_, _, g), r in zip(configs, results)],
+                samples=samples, knob_bests=knob_bests(samples),
                 batches=stages, first_call_s=dict(
                     median=statistics.median(compiles) if compiles else None, max=compiles[-1] if compiles else None,
                     over_10s=sum(c > 10 for c in compiles)),
@@ -170,6 +188,10 @@ def main() -> int:
               f"{fmt(r['spearman'], '.2f'):>9}  {r['statuses']}")
         if "eager_ms" in r:
             print(f"{'':<28} eager {fmt(r['eager_ms'], '.4g')} ms, torch.compile {fmt(r['compile_ms'], '.4g')} ms")
+        for region, knobs in r["knob_bests"].items():
+            for knob, best in knobs.items():
+                print(f"{'':<28} fastest by {region} {knob}: "
+                      + ", ".join(f"{v} {ms:.4g} ms" for v, ms in list(best.items())[:6]))
         st, fc = r["stage_s"], r["first_call_s"]
         print(f"{'':<28} reference {st['reference_s']:.1f} s, check {st['check_s']:.1f} s, time {st['time_s']:.1f} s;"
               f" first call median {fmt(fc['median'], '.2f')} s, max {fmt(fc['max'], '.1f')} s, "
