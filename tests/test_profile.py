@@ -192,3 +192,22 @@ def test_linear_on_cuda(tmp_path):
     assert p.bound in BOUNDS and p.floor_ms > 0
     measured = profile_problem(_problem(tmp_path, "linear", LINEAR), device="cuda", measure_ceilings=True)
     assert measured.ceilings_source == "measured"
+
+
+def test_fp32_gemm_floor_takes_the_faster_of_fma_and_tf32x3():
+    """Without TF32, fp32 products still run on tensor cores as three TF32 products (the template's tf32x3 modes):
+    on an H200 that bounds an fp32 GEMM at 494/3 TFLOP/s, not the 67 of the FMA units; where the FMA peak is the
+    higher (an L4: 30.3 against 60/3), it stays; with TF32 allowed, or for a pointwise op, nothing changes."""
+    from kernelevolve.profile import _ceilings
+
+    def peak(name, dtype="float32", tf32=False, matmul=True):
+        notes: list[str] = []
+        flops, _, source = _ceilings("cuda", name, dtype, tf32, matmul, False, "cuda", notes)
+        return flops, source, notes
+
+    flops, source, notes = peak("NVIDIA H200")
+    assert flops == pytest.approx(494e12 / 3) and source == "table" and any("tf32x3" in n for n in notes)
+    assert peak("NVIDIA L4")[0] == 30.3e12
+    assert peak("NVIDIA H200", tf32=True)[0] == 494e12
+    assert peak("NVIDIA H200", matmul=False)[0] == 67e12
+    assert peak("NVIDIA H200", dtype="bfloat16")[0] == 989e12

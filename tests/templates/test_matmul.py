@@ -320,3 +320,75 @@ def test_a_long_fp32_reduction_under_the_fma_dot_is_split():
     for other in (gemm_space(sizes, "tl.float32", 1, True), gemm_space(sizes, "tl.bfloat16", 1),
                   gemm_space({**sizes, "K": 4096}, "tl.float32", 1)):
         assert 1 in other["SPLIT_K"] and other["SPLIT_K"][0] <= 8
+
+
+def _split_module():
+    from kernelevolve.templates.matmul.kernels import split_text
+
+    return load_source("\n".join([FILE_HEADER, PRELUDE_IMPORTS, PRELUDE, split_text("sp")]), f"sp_{next(_counter)}")
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "chunk", "expanded", "offset"])
+def test_split_operands_are_a_tf32_part_and_an_exact_rest(layout):
+    """SPLIT_TF32X3's operands: hi has TF32's 10 mantissa bits (the low 13 are zero), hi + lo is x exactly, |lo| is
+    at most half of hi's last bit, and both keep x's layout where x is dense (no copy of a transposed weight)."""
+    torch.manual_seed(0)
+    base = torch.randn(37, 1023) * torch.logspace(-3, 3, 1023)
+    x = {"contiguous": base, "transposed": base.t(), "chunk": base.chunk(3, -1)[1],
+         "expanded": base[:1].expand(5, -1), "offset": base[3:20]}[layout]
+    hi, lo = _split_module().sp_split(x)
+    assert hi.shape == x.shape and hi.stride() == lo.stride()
+    if layout in ("contiguous", "transposed", "offset"):
+        assert hi.stride() == x.stride()
+    assert (hi.view(torch.int32) & 0x1FFF).eq(0).all()
+    assert torch.equal(hi + lo, x)  # the rest is exact: hi and x share an exponent, or hi is a power of two
+    assert (lo.abs() <= hi.abs() * 2.0 ** -11).all()
+
+
+def test_split_tf32x3_is_offered_for_fp32_operands_and_verified_on_odd_shapes(tmp_path):
+    """The mode is in the space only for fp32 operands without a cast and TF32 not allowed; rendered, it matches ATen
+    for M = 1, 17 and 1023 rows, with split-K, and as the two-weight (SwiGLU) stage."""
+    from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
+
+    for rows in (1, 17, 1023):
+        g = capture_problem(tmp_path, "return F.gelu(self.fc(args[0])) + args[0][:, :20]",
+                            f"[torch.randn({rows}, 70)]", "self.fc = nn.Linear(70, 20)")
+        (match,) = find_all(g)
+        space = MatmulTemplate().space(match, "cuda")
+        assert space["INPUT_PRECISION"] == ["ieee", "tf32x3", SPLIT_TF32X3]
+        configs = [{"INPUT_PRECISION": SPLIT_TF32X3}]
+        if rows == 17:
+            configs += [{"INPUT_PRECISION": SPLIT_TF32X3, "SPLIT_K": 2, "BLOCK_K": 32},
+                        {"INPUT_PRECISION": SPLIT_TF32X3, "SCHEDULE": "tma"}]  # the tile kernel stands in
+        check(MatmulTemplate(), match, g, configs)
+    g = capture_problem(tmp_path, "return F.silu(args[0] @ self.w1) * (args[0] @ self.w2)", "[torch.randn(17, 33)]",
+                        "self.w1 = nn.Parameter(torch.randn(33, 24))\nself.w2 = nn.Parameter(torch.randn(33, 24))")
+    (match,) = find_all(g)
+    check(DualGemmTemplate(), match, g, [{"INPUT_PRECISION": SPLIT_TF32X3}])
+    # bf16 operands: no fp32 modes at all; TF32 allowed: plain TF32 is faster, no split
+    assert "INPUT_PRECISION" not in gemm_space({"Bt": 1, "M": 33, "N": 20, "K": 70}, "tl.bfloat16", 1, split_operands=True)
+    assert SPLIT_TF32X3 not in gemm_space({"Bt": 1, "M": 33, "N": 20, "K": 70}, "tl.float32", 1, True, True)[
+        "INPUT_PRECISION"]
+
+
+def test_split_tf32x3_falls_back_to_tf32x3_where_an_operand_is_cast(tmp_path):
+    """A configuration carried over (experience) onto a stage whose operand the kernel casts renders tf32x3, never
+    plain TF32, and no split."""
+    from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
+    from kernelevolve.templates.matmul.launch import splittable
+
+    g = capture_problem(tmp_path, "return self.fc(args[0].float())", "[torch.randn(17, 40)]",
+                        "self.fc = nn.Linear(40, 24)")
+    g2 = capture_problem(tmp_path, "return self.fc(args[0].half().float())", "[torch.randn(17, 40)]",
+                         "self.fc = nn.Linear(40, 24)")
+    assert [splittable(find_all(graph)[0].spec["stages"][0]) for graph in (g, g2)] == [True, False]
+    for graph in (g, g2):
+        (match,) = find_all(graph)
+        st = match.spec["stages"][0]
+        source = MatmulTemplate().render(match, {"INPUT_PRECISION": SPLIT_TF32X3}, "mm_test")
+        if splittable(st):
+            assert "_split(" in source
+        else:  # the cast operand: tf32x3 in registers, and no plain TF32 product anywhere
+            assert "_split(" not in source and 'input_precision="tf32x3"' in source
+            assert 'input_precision="tf32")' not in source
+        check(MatmulTemplate(), match, graph, [{"INPUT_PRECISION": SPLIT_TF32X3}])

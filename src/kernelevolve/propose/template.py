@@ -193,6 +193,10 @@ class TemplateProposer:
                 if len(r.space[knob]) > 1:
                     varied = dict(base[r.key], **{knob: r.space[knob][1]})
                     seeds.append((f"prior {r.match.kind} {knob}", dict(base, **{r.key: varied})))
+                # every fp32 product mode is worth one try: which is fastest depends on the shape and the Triton
+                for value in r.space[knob][2:] if knob == "INPUT_PRECISION" else []:
+                    varied = dict(base[r.key], **{knob: value})
+                    seeds.append((f"prior {r.match.kind} {knob}={value}", dict(base, **{r.key: varied})))
         return seeds
 
     def _mutate(self, plan: Plan, genome: Genome) -> tuple[str, Genome]:

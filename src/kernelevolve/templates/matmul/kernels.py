@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 
+# fp32 products as three TF32 tensor-core dots on operands split beforehand, in memory, into a TF32 part and the rest
+# (hi*hi + hi*lo + lo*hi): tf32x3's accuracy without splitting every tile in registers inside the K loop. Only the
+# tile GEMM renders it; anywhere else it falls back to tf32x3, never to plain TF32.
+SPLIT_TF32X3 = "split_tf32x3"
+
+
 def _precision(dot: str, mode: str | None) -> str:
+    if mode == SPLIT_TF32X3:
+        mode = "tf32x3"
     return f', input_precision="{mode}"' if dot == "tl.float32" and mode else ""
 
 
@@ -73,21 +81,56 @@ def _k_loop(loads: list[tuple[str, str, str, str, str]], dots: list[str], step: 
     return ["if EVEN_K:"] + _indent(full, 1) + ["else:", f"    k_left = K - k * {step}"] + _indent(masked, 1) + dots
 
 
-def _k_steps(st: dict[str, Any], prec: str, step: str) -> list[str]:
+def _k_steps(st: dict[str, Any], prec: str, step: str, split: bool = False) -> list[str]:
     """One K step of the tile kernels: load A and each B (masked past K unless EVEN_K), the dots into each
-    accumulator, then every pointer ``step`` K tiles on."""
+    accumulator, then every pointer ``step`` K tiles on. ``split``: A and each B come as a TF32 part and the rest
+    (``*_lo``), and each accumulator takes the three products, the small ones first."""
     ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
+    nb = len(st["bs"])
     loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac)]
     loads += [(f"b{j}", f"b{j}_ptrs", "", "rk[:, None] < k_left", f".to({b['cast']})" if b["cast"] else "")
               for j, b in enumerate(st["bs"])]
-    dots = [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
-    steps = [f"a_ptrs += {step} * s_ak"] + [f"b{j}_ptrs += {step} * s_b{j}k" for j in range(len(st["bs"]))]
+    steps = [f"a_ptrs += {step} * s_ak"] + [f"b{j}_ptrs += {step} * s_b{j}k" for j in range(nb)]
+    if not split:
+        dots = [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
+        return _k_loop(loads, dots, step) + steps
+    loads += [("a_lo", "a_lo_ptrs", "", "rk[None, :] < k_left", "")]
+    loads += [(f"b{j}_lo", f"b{j}_lo_ptrs", "", "rk[:, None] < k_left", "") for j in range(nb)]
+    tf32 = ', input_precision="tf32"'
+    dots = [f"{acc} = tl.dot({x}, {y}, {acc}{tf32})" for j, acc in enumerate(st["accs"])
+            for x, y in (("a_lo", f"b{j}"), ("a", f"b{j}_lo"), ("a", f"b{j}"))]
+    steps += [f"a_lo_ptrs += {step} * s_ak"] + [f"b{j}_lo_ptrs += {step} * s_b{j}k" for j in range(nb)]
     return _k_loop(loads, dots, step) + steps
 
 
-def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str) -> str:
+def split_text(name: str) -> str:
+    """``name_split(x)``: x (fp32) as its TF32 part and the rest, two tensors of one layout (x's where x is dense)."""
+    return "\n".join([
+        "@triton.jit",
+        f"def {name}_split_kernel(x_ptr, hi_ptr, lo_ptr, n, BLOCK: tl.constexpr):",
+        "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
+        "    mask = offs < n",
+        "    x = tl.load(x_ptr + offs, mask=mask, other=0.0)",
+        "    # the nearest value with TF32's 10 mantissa bits (rounding the magnitude's bits), then what is left",
+        "    hi = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)",
+        "    tl.store(hi_ptr + offs, hi, mask=mask)",
+        "    tl.store(lo_ptr + offs, x - hi, mask=mask)",
+        "",
+        "",
+        f"def {name}_split(x):",
+        "    hi, lo = torch.empty_like(x), torch.empty_like(x)",
+        "    if hi.stride() != x.stride():",
+        "        x = x.contiguous()  # not dense: read a copy in the layout of hi and lo",
+        "    n = x.numel()",
+        f"    {name}_split_kernel[(triton.cdiv(n, 4096),)](x, hi, lo, n, BLOCK=4096, num_warps=8)",
+        "    return hi, lo"])
+
+
+def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: bool = False) -> str:
     nb, tag = len(st["bs"]), st["tag"]
     ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)]
+    if split:  # the rest of each operand after its TF32 part, in the same layout
+        ptrs += ["a_lo_ptr"] + [f"b{j}_lo_ptr" for j in range(nb)]
     strides = ["s_ab", "s_am", "s_ak"] + [f"s_b{j}{d}" for j in range(nb) for d in "bkn"]
     if split_k == 1:
         ptrs, strides = ptrs + _epi_ptrs(st), strides + _epi_strides(st)
@@ -95,7 +138,7 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str) -> str:
         ptrs.append("ws_ptr")
     step = "(BLOCK_K * SPLIT_K)"
     accs = st["accs"]
-    k_loop = _k_steps(st, prec, step)
+    k_loop = _k_steps(st, prec, step, split)
     body = ["pid = tl.program_id(0)", "rb64 = tl.program_id(1).to(tl.int64)", "grid_m = tl.cdiv(M, BLOCK_M)",
             "grid_n = tl.cdiv(N, BLOCK_N)", "width = GROUP_M * grid_n", "first_m = (pid // width) * GROUP_M",
             "size_m = min(grid_m - first_m, GROUP_M)", "pid_m = first_m + (pid % width) % size_m",
@@ -105,6 +148,10 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str) -> str:
             "a_ptrs = a_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak"]
     body += [f"b{j}_ptrs = b{j}_ptr + rb64 * s_b{j}b + rk[:, None] * s_b{j}k + (rn % N)[None, :] * s_b{j}n"
              for j in range(nb)]
+    if split:
+        body += ["a_lo_ptrs = a_lo_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak"]
+        body += [f"b{j}_lo_ptrs = b{j}_lo_ptr + rb64 * s_b{j}b + rk[:, None] * s_b{j}k + (rn % N)[None, :] * s_b{j}n"
+                 for j in range(nb)]
     body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
     body += ["for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):"] + _indent(k_loop, 1)
     body += ["mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"]

@@ -6,8 +6,9 @@ from typing import Any
 
 from kernelevolve.templates.base import HopelessConfig, Match
 from kernelevolve.templates.graphutil import pow2
-from kernelevolve.templates.matmul.kernels import (_precision, gemm_kernel, reduce_kernel, sms_text, streamk_fixup,
-                                                   streamk_kernel, tma_helpers, tma_kernel, upcast_flag)
+from kernelevolve.templates.matmul.kernels import (SPLIT_TF32X3, _precision, gemm_kernel, reduce_kernel, sms_text,
+                                                   split_text, streamk_fixup, streamk_kernel, tma_helpers, tma_kernel,
+                                                   upcast_flag)
 
 SMEM_BYTES = 200 * 1024  # H100/H200 allow 227 KB per block; the rest is left to the epilogue's layout conversion
 REDUCE_BLOCK = (32, 128)
@@ -56,15 +57,22 @@ def fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, n_b: int) 
             "num_warps": warps, "num_stages": stages, "SCHEDULE": schedule}
 
 
-def precisions(dot: str, allow_tf32: bool) -> list[str]:
+def precisions(dot: str, allow_tf32: bool, split: bool = False) -> list[str]:
     """fp32 dot modes, the default first: exact FMA unless tf32 is allowed; tf32x3 (three tf32 tensor-core dots on
-    a hi/lo split) keeps about fp32 accuracy and is left to the search."""
+    a hi/lo split) keeps about fp32 accuracy and is left to the search. ``split``: the same three products on
+    operands split once, in memory, before the GEMM (SPLIT_TF32X3: the tile GEMM on fp32 operands only)."""
     if dot != "tl.float32":
         return []
-    return ["tf32", "tf32x3", "ieee"] if allow_tf32 else ["ieee", "tf32x3"]
+    return ["tf32", "tf32x3", "ieee"] if allow_tf32 else ["ieee", "tf32x3"] + ([SPLIT_TF32X3] if split else [])
 
 
-def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = False) -> dict[str, list[Any]]:
+def splittable(st: dict[str, Any]) -> bool:
+    """Whether a stage's operands are fp32 tensors as they stand (no cast in the kernel), which SPLIT_TF32X3 needs."""
+    return st["dot"] == "tl.float32" and not st["a"]["cast"] and not any(b["cast"] for b in st["bs"])
+
+
+def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = False,
+               split_operands: bool = False) -> dict[str, list[Any]]:
     m, n, k, bt = sizes["M"], sizes["N"], sizes["K"], sizes["Bt"]
     ieee = dot == "tl.float32" and not allow_tf32
     tiles = [(128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32)][n_b > 1 or ieee:]
@@ -103,7 +111,7 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
         schedules.append("streamk")
     if len(schedules) > 1:
         space["SCHEDULE"] = schedules
-    return {**space, "INPUT_PRECISION": precisions(dot, allow_tf32)} if dot == "tl.float32" else space
+    return {**space, "INPUT_PRECISION": precisions(dot, allow_tf32, split_operands)} if dot == "tl.float32" else space
 
 
 def has_tma() -> bool:
@@ -158,6 +166,10 @@ def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[
         lines += [f"    if tuple(b{j}.shape) != (Bt, K, N):",
                   f"        raise ValueError(f'{name}: cannot multiply {{tuple(a.shape)}} by {{tuple(b{j}.shape)}}')"]
     lines.append(f"    e, o, views = {name}_{tag}_prep(Bt, M, N, a.device, {', '.join(params)})")
+    if cfg.get("INPUT_PRECISION") == SPLIT_TF32X3:  # each operand as its TF32 part (in its place) and the rest
+        lines += [f"    a, a_lo = {name}_{tag}_split(a)"] + [f"    b{j}, b{j}_lo = {name}_{tag}_split(b{j})"
+                                                             for j in range(nb)]
+        bs += ", a_lo" + "".join(f", b{j}_lo" for j in range(nb))
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     grid = f"(triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}), Bt, {sk})"
     strides = "*a.stride(), " + "".join(f"*b{j}.stride(), " for j in range(nb))
@@ -217,13 +229,22 @@ def launcher_text(name: str, match: Match, calls: list[tuple[str, list[str], lis
 
 def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: str) -> list[str]:
     """Kernel(s), prep and stage function of one GEMM stage."""
-    cfg = fit(config, st["sizes"], _itemsize(st["dot"]), len(st["bs"]))
-    cfg["INPUT_PRECISION"] = config.get("INPUT_PRECISION", "ieee")
-    prec = _precision(st["dot"], cfg["INPUT_PRECISION"])
+    mode = config.get("INPUT_PRECISION", "ieee")
+    if mode == SPLIT_TF32X3 and not splittable(st):
+        mode = "tf32x3"  # a configuration carried over from a problem whose operands were fp32 tensors
+    split = mode == SPLIT_TF32X3
+    # a split stage reads two tiles of each operand per K step: twice the shared memory of a stage
+    cfg = fit(config, st["sizes"], _itemsize(st["dot"]) * (2 if split else 1), len(st["bs"]))
+    cfg["INPUT_PRECISION"] = mode
+    if split:
+        cfg["SCHEDULE"] = "tiles"  # the persistent and stream-K kernels take the operands whole
+    prec = _precision(st["dot"], mode)
     params = [f"x_{n.name}" for n in match.inputs] + match.spec.get("intermediates", [])[:int(st["tag"][1:])]
-    parts = [gemm_kernel(name, st, cfg["SPLIT_K"], prec)]
+    parts = [gemm_kernel(name, st, cfg["SPLIT_K"], prec, split)]
     if st["tag"] == "s0":
         parts.append(upcast_flag(name, f"{name}_s0_kernel"))
+    if split:
+        parts.append(split_text(f"{name}_{st['tag']}"))
     if cfg["SCHEDULE"] == "tma":
         parts.append(tma_kernel(name, st, prec))
         if st["tag"] == "s0":
