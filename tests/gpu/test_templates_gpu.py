@@ -103,3 +103,31 @@ def test_a_gemm_and_its_row_reduction_in_one_kernel_pass_the_judge_on_cuda(path:
     for cand in proposer.propose(ProposalContext(problem, "cuda", None, []), 3):
         r = evaluator.evaluate(cand)
         assert r.ok, f"{cand.meta['label']}: {r.status.value}: {r.reason}\n{r.error[-1500:]}"
+
+
+SPLIT = [p for p in GEMMS if p.stem in ("dcn_v2_cross_fp32", "swiglu_mlp_fp32", "matmul_long_k_fp32", "task_towers_fp32")]
+
+
+@pytest.mark.parametrize("path", SPLIT, ids=[p.stem for p in SPLIT])
+def test_fp32_products_on_split_operands_pass_the_judge_on_cuda(path: Path, tmp_path: Path) -> None:
+    """``split_tf32x3`` (three TF32 tensor-core products on operands split in memory) at the problems' full sizes,
+    judged at their fp32 tolerance: the accuracy the CPU tests cannot show, since the interpreter multiplies in fp32."""
+    from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig
+    from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
+
+    problem = load_problem(path, "cuda")
+    proposer = TemplateProposer("cuda", seed=0)
+    plan = proposer.plan(problem)
+    genome = {r.key: r.default() for r in plan.regions}
+    keys = [r.key for r in plan.regions if SPLIT_TF32X3 in r.space.get("INPUT_PRECISION", [])]
+    if not keys:
+        pytest.skip("no region offers split_tf32x3")
+    for key in keys:
+        genome[key]["INPUT_PRECISION"] = SPLIT_TF32X3
+    source = proposer.render(plan, genome, SPLIT_TF32X3)
+    assert source is not None and "_split(" in source, proposer.broken
+    from kernelevolve.candidate import Candidate
+
+    evaluator = Evaluator(problem, EvalConfig(device="cuda", timing=TimingConfig(budget_ms=50)), tmp_path / "w")
+    r = evaluator.evaluate(Candidate(source, proposer="template", language="triton", meta={"label": SPLIT_TF32X3}))
+    assert r.ok, f"{r.status.value}: {r.reason}\n{r.error[-1500:]}"

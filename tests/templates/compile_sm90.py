@@ -113,7 +113,10 @@ def main() -> int:
                 new.load_state_dict(build_model(module, "Model", 0).state_dict())
                 with torch.no_grad():
                     new(*make_inputs(module, 1))
+                # tensor-core instructions in the PTX: Hopper's wgmma, or the older mma.sync (no tensor cores: 0, 0)
                 row["kernels"] = {name: {"shared": k.metadata.shared, "num_warps": k.metadata.num_warps,
+                                         "wgmma": k.asm["ptx"].count("wgmma.mma_async"),
+                                         "mma": k.asm["ptx"].count("mma.sync"),
                                          **resource_usage(k.asm["cubin"])} for name, k in compiled}
                 row["ok"] = bool(compiled) and all(k.metadata.shared <= SMEM_LIMIT for _, k in compiled)
             except Exception as e:  # report every failure, keep going
