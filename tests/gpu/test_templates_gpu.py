@@ -51,6 +51,21 @@ GEMMS = [p for p in PROBLEMS if p.stem in ("linear_gelu_bf16", "swiglu_mlp_bf16"
 GEMMS += suite.gemm_paths()
 
 
+def render_with(problem, knob: str, value: str, label: str) -> str:
+    """The defaults, with ``knob`` set to ``value`` in every region whose space offers it (skips where none does)."""
+    proposer = TemplateProposer("cuda", seed=0)
+    plan = proposer.plan(problem)
+    genome = {r.key: r.default() for r in plan.regions}
+    keys = [r.key for r in plan.regions if value in r.space.get(knob, [])]
+    if not keys:
+        pytest.skip(f"no region offers {knob}={value}")
+    for key in keys:
+        genome[key][knob] = value
+    source = proposer.render(plan, genome, label)
+    assert source is not None, proposer.broken
+    return source
+
+
 @pytest.mark.parametrize("schedule", ["tma", "streamk"])
 @pytest.mark.parametrize("path", GEMMS, ids=[p.stem for p in GEMMS])
 def test_each_gemm_schedule_matches_the_reference_on_cuda(path: Path, schedule: str, tmp_path: Path) -> None:
@@ -62,16 +77,7 @@ def test_each_gemm_schedule_matches_the_reference_on_cuda(path: Path, schedule: 
         pytest.skip("this Triton has no tensor descriptors")
     small = suite.write_small_copy(path, tmp_path)
     problem = load_problem(small, "cuda")
-    proposer = TemplateProposer("cuda", seed=0)
-    plan = proposer.plan(problem)
-    genome = {r.key: r.default() for r in plan.regions}
-    keys = [r.key for r in plan.regions if schedule in r.space.get("SCHEDULE", [])]
-    if not keys:
-        pytest.skip(f"no region offers the {schedule} schedule")
-    for key in keys:
-        genome[key]["SCHEDULE"] = schedule
-    source = proposer.render(plan, genome, schedule)
-    assert source is not None, proposer.broken
+    source = render_with(problem, "SCHEDULE", schedule, schedule)
     module = import_module_from_path(small, f"_gpu_{schedule}_ref_{path.stem}")
     ref = build_model(module, "Model", 0).cuda()
     inputs = make_inputs(module, seed=4321, device="cuda")
@@ -115,18 +121,11 @@ def test_fp32_products_on_split_operands_pass_the_judge_on_cuda(path: Path, tmp_
     from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig
     from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
 
-    problem = load_problem(path, "cuda")
-    proposer = TemplateProposer("cuda", seed=0)
-    plan = proposer.plan(problem)
-    genome = {r.key: r.default() for r in plan.regions}
-    keys = [r.key for r in plan.regions if SPLIT_TF32X3 in r.space.get("INPUT_PRECISION", [])]
-    if not keys:
-        pytest.skip("no region offers split_tf32x3")
-    for key in keys:
-        genome[key]["INPUT_PRECISION"] = SPLIT_TF32X3
-    source = proposer.render(plan, genome, SPLIT_TF32X3)
-    assert source is not None and "_split(" in source, proposer.broken
     from kernelevolve.candidate import Candidate
+
+    problem = load_problem(path, "cuda")
+    source = render_with(problem, "INPUT_PRECISION", SPLIT_TF32X3, SPLIT_TF32X3)
+    assert "_split(" in source
 
     evaluator = Evaluator(problem, EvalConfig(device="cuda", timing=TimingConfig(budget_ms=50)), tmp_path / "w")
     r = evaluator.evaluate(Candidate(source, proposer="template", language="triton", meta={"label": SPLIT_TF32X3}))
