@@ -203,6 +203,15 @@ def test_two_layer_towers(tmp_path, dtype):
     template = BatchedSmallTemplate()
     assert sorted(template.space(match, "cuda")["FUSE"]) == [False, True]
     check(template, match, g, [{"FUSE": True}, {"FUSE": False}, {"FUSE": True, "BLOCK_N": 32, "BLOCK_M": 32}])
+    if dtype == torch.float32:  # operands split in memory for the two unfused stages; fused, the kernel's tf32x3
+        from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
+
+        assert template.space(match, "cuda")["INPUT_PRECISION"] == ["ieee", "tf32x3", SPLIT_TF32X3]
+        assert "_split(" in template.render(match, {"FUSE": False, "INPUT_PRECISION": SPLIT_TF32X3}, "t")
+        fused = template.render(match, {"FUSE": True, "INPUT_PRECISION": SPLIT_TF32X3}, "t")
+        assert "_split(" not in fused and 'input_precision="tf32x3"' in fused
+        check(template, match, g, [{"FUSE": False, "INPUT_PRECISION": SPLIT_TF32X3},
+                                   {"FUSE": True, "INPUT_PRECISION": SPLIT_TF32X3}])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
