@@ -54,8 +54,14 @@ def test_each_reduction_each_dtype_at_odd_sizes(tmp_path, reduction, dtype, shap
     # the defaults, and a second configuration: 4 warps with the smallest row block where the row fits them
     narrow = 16 * max(16, 1 << (shape[2] - 1).bit_length()) <= 64 * 32 * 4
     second = {"BLOCK_M": 16, "BLOCK_K": 32, "num_warps": 4} if narrow else {"BLOCK_K": 64, "num_stages": 2}
+    configs = [{}, second]
+    if dtype == torch.float32:  # and the fp32 operands split once into a TF32 part and the rest
+        from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
+
+        assert SPLIT_TF32X3 in GemmReduceTemplate().space(match, "cuda")["INPUT_PRECISION"]
+        configs.append({"INPUT_PRECISION": SPLIT_TF32X3})
     # half outputs are rounded once from the fp32 product here, where ATen rounds the product first
-    check(GemmReduceTemplate(), match, g, [{}, second], tol=TOL.get(dtype, 2e-2))
+    check(GemmReduceTemplate(), match, g, configs, tol=TOL.get(dtype, 2e-2))
 
 
 def test_rows_of_a_3d_input_and_the_default_config(tmp_path):
