@@ -4,7 +4,7 @@
 # Usage: OUT=dir STEPS="tests screen experience suite load throughput kernelbench report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
 #        LEVELS="1 2" COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
-#        NO_MAX_AUTOTUNE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json EXP_JSON=earlier-experience.json \
+#        NO_MAX_AUTOTUNE=1 JUDGE=3 BASELINE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json EXP_JSON=earlier-experience.json \
 #        PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
@@ -58,8 +58,10 @@ for step in ${STEPS:-tests experience}; do
         | tee "$OUT/screen_load.log" | tail -4 ;;
     screen)
       # shellcheck disable=SC2086
+      # BASELINE=1 judges eager and torch.compile too; JUDGE: how many of the fastest to judge (default 5)
       python3 bench/screen.py --device cuda --problems ${PROBLEMS:-layernorm_fp32 rmsnorm_residual_bf16 softmax_bf16} \
-        --configs "${CONFIGS:-240}" --json "$OUT/screen.json" 2>&1 | tee "$OUT/screen.log" | tail -8 ;;
+        --configs "${CONFIGS:-240}" ${JUDGE:+--judge $JUDGE} ${BASELINE:+--baseline} --json "$OUT/screen.json" 2>&1 \
+        | tee "$OUT/screen.log" | tail -30 ;;
     throughput)
       # shellcheck disable=SC2086
       python3 bench/throughput.py --device cuda --workers 1 "$GPUS" --problems ${PROBLEMS:-softmax_bf16} \
