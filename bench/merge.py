@@ -42,12 +42,12 @@ def refloor(stem: str, device_name: str) -> tuple[float, int]:
     module = import_module_from_path(path, f"_merge_{stem}")
     model, inputs = build_model(module, "Model", 0), make_inputs(module, 0)
     with torch.no_grad(), prof._tf32(problem.allow_tf32):
-        flops, matmul_share = prof._count_flops(model, inputs)
+        flops, matmul_share, gemm_share = prof._count_flops(model, inputs)
         outputs = as_outputs(model(*inputs))
         nbytes = prof._min_bytes(model, inputs, outputs)
         dtype = prof._dominant_dtype(model, inputs, outputs)
     peak_flops, peak_bw, source = prof._ceilings("cuda", device_name, dtype, problem.allow_tf32, matmul_share >= 0.5,
-                                                 False, "cuda", [])
+                                                 False, "cuda", [], gemm=gemm_share >= 0.5)
     if source != "table":
         raise SystemExit(f"no datasheet ceilings for {device_name!r}")
     return max(flops / peak_flops, nbytes / peak_bw) * 1e3, nbytes

@@ -59,3 +59,21 @@ def test_a_merged_file_brings_its_rows_with_their_own_commits(tmp_path):
     assert got == {"softmax_bf16": ("aaaa", "a.json"), "column_sum": ("bbbb", "b.json"),
                    "layernorm_bf16": ("bbbb", "b.json")}
     assert [(s["file"], s["commit"]) for s in data["sources"]] == [("a.json", "aaaa"), ("b.json", "bbbb")]
+
+
+def test_refloor_recomputes_a_floor_with_the_profile_ceilings(tmp_path, monkeypatch):
+    """--refloor's floor is the profile's: an fp32 GEMM on an H200 is bounded by three TF32 products per product."""
+    import pytest
+
+    from tests.benchsuite import load_bench
+
+    merge_mod = load_bench("merge")
+    (tmp_path / "tiny_gemm.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.fc = nn.Linear(512, 512, bias=False)\n\n"
+        "    def forward(self, x):\n        return self.fc(x)\n\n\ndef get_inputs():\n"
+        "    return [torch.randn(512, 512)]\n\n\ndef get_init_inputs():\n    return []\n")
+    monkeypatch.setattr(merge_mod.suite, "PROBLEMS", tmp_path)
+    floor_ms, nbytes = merge_mod.refloor("tiny_gemm", "NVIDIA H200")
+    assert nbytes == 3 * 512 * 512 * 4
+    assert floor_ms == pytest.approx(2 * 512 ** 3 / (494e12 / 3) * 1e3)

@@ -197,12 +197,13 @@ def test_linear_on_cuda(tmp_path):
 def test_fp32_gemm_floor_takes_the_faster_of_fma_and_tf32x3():
     """Without TF32, fp32 products still run on tensor cores as three TF32 products (the template's tf32x3 modes):
     on an H200 that bounds an fp32 GEMM at 494/3 TFLOP/s, not the 67 of the FMA units; where the FMA peak is the
-    higher (an L4: 30.3 against 60/3), it stays; with TF32 allowed, or for a pointwise op, nothing changes."""
+    higher (an L4: 30.3 against 60/3), it stays; with TF32 allowed, for convolutions or attention (matrix FLOPs no
+    template splits), for a pointwise op, or on an AMD GPU, nothing changes."""
     from kernelevolve.profile import _ceilings
 
-    def peak(name, dtype="float32", tf32=False, matmul=True):
+    def peak(name, dtype="float32", tf32=False, matmul=True, gemm=True):
         notes: list[str] = []
-        flops, _, source = _ceilings("cuda", name, dtype, tf32, matmul, False, "cuda", notes)
+        flops, _, source = _ceilings("cuda", name, dtype, tf32, matmul, False, "cuda", notes, gemm=matmul and gemm)
         return flops, source, notes
 
     flops, source, notes = peak("NVIDIA H200")
@@ -211,3 +212,16 @@ def test_fp32_gemm_floor_takes_the_faster_of_fma_and_tf32x3():
     assert peak("NVIDIA H200", tf32=True)[0] == 494e12
     assert peak("NVIDIA H200", matmul=False)[0] == 67e12
     assert peak("NVIDIA H200", dtype="bfloat16")[0] == 989e12
+    assert peak("NVIDIA H200", gemm=False)[0] == 67e12
+    assert peak("AMD Instinct MI300X")[0] == 163e12
+
+
+def test_gemm_share_counts_plain_gemms_only():
+    from kernelevolve.profile import _count_flops
+
+    lin = torch.nn.Linear(64, 32)
+    total, matmul, gemm = _count_flops(lin, [torch.randn(8, 64)])
+    assert total == 2 * 8 * 64 * 32 and matmul == gemm == 1.0
+    conv = torch.nn.Conv2d(4, 8, 3)
+    _, matmul, gemm = _count_flops(conv, [torch.randn(1, 4, 16, 16)])
+    assert matmul == 1.0 and gemm == 0.0

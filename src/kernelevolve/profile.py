@@ -95,7 +95,7 @@ def profile_problem(problem: Problem, device: str = "cpu", measure_ceilings: boo
     inputs = make_inputs(module, 0, device=device)  # drawn on the device where it can: large inputs in seconds
     notes: list[str] = []
     with torch.no_grad(), _tf32(problem.allow_tf32):
-        flops, matmul_share = _count_flops(model, inputs)
+        flops, matmul_share, gemm_share = _count_flops(model, inputs)
         outputs = as_outputs(model(*inputs))
         nbytes = _min_bytes(model, inputs, outputs)
         dtype = _dominant_dtype(model, inputs, outputs)
@@ -104,7 +104,7 @@ def profile_problem(problem: Problem, device: str = "cpu", measure_ceilings: boo
         top_ops = _top_ops(run, kind)
     name = _device_name(device)
     peak_flops, peak_bw, source = _ceilings(kind, name, dtype, problem.allow_tf32, matmul_share >= 0.5,
-                                            measure_ceilings, device, notes)
+                                            measure_ceilings, device, notes, gemm=gemm_share >= 0.5)
     floor_ms = max(flops / peak_flops, nbytes / peak_bw) * 1e3
     intensity, ridge = flops / max(nbytes, 1), peak_flops / peak_bw
     bound = _bound(kind, floor_ms, eager_ms, intensity, ridge, notes)
@@ -150,14 +150,17 @@ def _tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def _count_flops(model: torch.nn.Module, inputs: list[Any]) -> tuple[int, float]:
-    """Total FLOPs of one forward and the share of them that comes from matmul-like ops."""
+def _count_flops(model: torch.nn.Module, inputs: list[Any]) -> tuple[int, float, float]:
+    """Total FLOPs of one forward, the share of them that comes from matmul-like ops, and the share from plain GEMMs
+    (mm, addmm, bmm, baddbmm: no convolution, no attention)."""
     with FlopCounterMode(display=False) as counter:
         model(*inputs)
     total = int(counter.get_total_flops())
     per_op = counter.get_flop_counts().get("Global", {})
-    matmul = sum(n for op, n in per_op.items() if any(m in str(op).split(".")[-1] for m in MATMUL_MARKERS))
-    return total, (matmul / total if total else 0.0)
+    names = {str(op).split(".")[-1]: n for op, n in per_op.items()}
+    matmul = sum(n for name, n in names.items() if any(m in name for m in MATMUL_MARKERS))
+    gemm = sum(n for name, n in names.items() if "mm" in name)
+    return total, (matmul / total if total else 0.0), (gemm / total if total else 0.0)
 
 
 def _tensors(model: torch.nn.Module, inputs: list[Any]) -> list[torch.Tensor]:
@@ -357,15 +360,17 @@ def _peak_key(dtype: str, tf32: bool, matmul: bool, notes: list[str]) -> str:
 
 
 def _ceilings(kind: str, name: str, dtype: str, tf32: bool, matmul: bool, measure: bool, device: str,
-              notes: list[str]) -> tuple[float, float, str]:
-    """(peak FLOP/s, peak bytes/s, source) for the floor."""
+              notes: list[str], gemm: bool = False) -> tuple[float, float, str]:
+    """(peak FLOP/s, peak bytes/s, source) for the floor. ``gemm``: most FLOPs are plain GEMMs, which the matmul
+    templates can run in fp32 as three TF32 tensor-core products."""
     key = _peak_key(dtype, tf32, matmul, notes)
     table = table_ceilings(name) if kind == "cuda" else None
     if table is not None and not measure:
         peak = table[key]
-        if key == "fp32" and matmul and dtype == "float32" and table["tf32"] / 3 > peak:
+        if key == "fp32" and gemm and dtype == "float32" and name.startswith("NVIDIA") and table["tf32"] / 3 > peak:
             # fp32-accurate products also run as three TF32 tensor-core products on a hi/lo split (the matmul
-            # template's tf32x3 modes): the faster of the two bounds what an fp32 GEMM can take
+            # templates' tf32x3 modes, on NVIDIA GPUs): the faster of the two bounds what an fp32 GEMM can take.
+            # Convolutions and attention have no such kernel here, and keep the FMA peak.
             peak = table["tf32"] / 3
             notes.append("fp32 products without TF32: the floor takes three TF32 tensor-core products per product "
                          f"(tf32x3, {peak / 1e12:.1f} TFLOP/s) over the FMA peak ({table['fp32'] / 1e12:.1f})")

@@ -164,3 +164,29 @@ def test_parents_are_ranked_on_one_clock():
     screen_only = make_node(3, None, screen=ScreenResult(Status.OK, "x", ms=0.25))
     assert [n.id for n in _ranked([both, judge_only, screen_only])] == [3, 2, 1]
     assert [n.id for n in _ranked([judge_only, make_node(4, judged(0.2))])] == [4, 2]  # no ratio: the judge's times
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_each_tensor_core_fp32_mode_is_seeded_once(tmp_path, allow_tf32):
+    """An fp32 GEMM's first candidates try tf32x3 and split_tf32x3 right after the defaults; where TF32 is allowed
+    (plain TF32 the default) the slower exact FMA dot gets no seed of its own."""
+    from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
+    from tests.benchsuite import load_suite
+
+    suite = load_suite()
+    source = suite.small_source((suite.PROBLEMS / "gemm" / "swiglu_mlp_fp32.py").read_text())
+    if allow_tf32:
+        source += "\nALLOW_TF32 = True\n"
+    path = tmp_path / "swiglu_mlp_fp32.py"
+    path.write_text(source)
+    problem = load_problem(path)
+    assert bool(problem.allow_tf32) is allow_tf32
+    cands = TemplateProposer("cpu", seed=0).propose(_ctx(problem), 8)
+    modes = {c.meta["label"]: {cfg["config"].get("INPUT_PRECISION") for cfg in c.meta["configs"]} for c in cands}
+    seeded = {m for label, ms in modes.items() if label.startswith("prior") and "INPUT_PRECISION" in label
+              for m in ms}
+    if allow_tf32:
+        assert "ieee" not in seeded and "tf32x3" in seeded and SPLIT_TF32X3 not in seeded
+    else:
+        assert {"tf32x3", SPLIT_TF32X3} <= seeded
+        assert any(label.endswith(f"INPUT_PRECISION={SPLIT_TF32X3}") for label in modes)

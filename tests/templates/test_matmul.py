@@ -337,21 +337,42 @@ def _split_module():
     return load_source("\n".join([FILE_HEADER, PRELUDE_IMPORTS, PRELUDE, split_text("sp")]), f"sp_{next(_counter)}")
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "transposed", "chunk", "expanded", "offset"])
+LAYOUTS = ["contiguous", "transposed", "chunk", "column_slice_transposed", "permuted_3d_slice", "expanded",
+           "expanded_transposed", "offset"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_split_operands_are_a_tf32_part_and_an_exact_rest(layout):
     """SPLIT_TF32X3's operands: hi has TF32's 10 mantissa bits (the low 13 are zero), hi + lo is x exactly, |lo| is
-    at most half of hi's last bit, and both keep x's layout where x is dense (no copy of a transposed weight)."""
+    at most half of hi's last bit; both keep x's layout where x is dense (no copy of a transposed weight) and its
+    broadcast dims (no copy per batch of a shared operand), whatever order x's dims are in."""
     torch.manual_seed(0)
     base = torch.randn(37, 1023) * torch.logspace(-3, 3, 1023)
+    cube = torch.randn(6, 8, 10)
     x = {"contiguous": base, "transposed": base.t(), "chunk": base.chunk(3, -1)[1],
-         "expanded": base[:1].expand(5, -1), "offset": base[3:20]}[layout]
+         "column_slice_transposed": base[:, :5].t(), "permuted_3d_slice": cube[:, :, 2:7].permute(2, 0, 1),
+         "expanded": base[:1].expand(5, -1), "expanded_transposed": cube[:1].expand(3, -1, -1).transpose(1, 2),
+         "offset": base[3:20]}[layout]
     hi, lo = _split_module().sp_split(x)
     assert hi.shape == x.shape and hi.stride() == lo.stride()
     if layout in ("contiguous", "transposed", "offset"):
         assert hi.stride() == x.stride()
-    assert (hi.view(torch.int32) & 0x1FFF).eq(0).all()
+    if layout.startswith("expanded"):
+        assert hi.stride(0) == 0 and hi.untyped_storage().nbytes() == x[0].numel() * 4
+    assert (hi.contiguous().view(torch.int32) & 0x1FFF).eq(0).all()
     assert torch.equal(hi + lo, x)  # the rest is exact: hi and x share an exponent, or hi is a power of two
     assert (lo.abs() <= hi.abs() * 2.0 ** -11).all()
+
+
+def test_split_of_values_at_the_ends_of_the_float_range():
+    """Infinities stay infinite with no rest (a NaN rest would turn an inf product into NaN); the largest finite
+    floats truncate instead of rounding up to inf; NaN stays NaN; zeros and denormals split exactly."""
+    big = torch.finfo(torch.float32).max
+    x = torch.tensor([float("inf"), -float("inf"), big, -big, float("nan"), -0.0, 0.0, 1e-40, 3.0e38])
+    hi, lo = _split_module().sp_split(x)
+    assert torch.equal(hi[:2], x[:2]) and torch.equal(lo[:2], torch.zeros(2))
+    assert torch.isfinite(hi[2:4]).all() and torch.equal(hi[2:4] + lo[2:4], x[2:4])
+    assert hi[4].isnan() and torch.equal(hi[5:] + lo[5:], x[5:])
 
 
 def test_split_tf32x3_is_offered_for_fp32_operands_and_verified_on_odd_shapes(tmp_path):
@@ -367,8 +388,7 @@ def test_split_tf32x3_is_offered_for_fp32_operands_and_verified_on_odd_shapes(tm
         assert space["INPUT_PRECISION"] == ["ieee", "tf32x3", SPLIT_TF32X3]
         configs = [{"INPUT_PRECISION": SPLIT_TF32X3}]
         if rows == 17:
-            configs += [{"INPUT_PRECISION": SPLIT_TF32X3, "SPLIT_K": 2, "BLOCK_K": 32},
-                        {"INPUT_PRECISION": SPLIT_TF32X3, "SCHEDULE": "tma"}]  # the tile kernel stands in
+            configs += [{"INPUT_PRECISION": SPLIT_TF32X3, "SPLIT_K": 2, "BLOCK_K": 32}]
         check(MatmulTemplate(), match, g, configs)
     g = capture_problem(tmp_path, "return F.silu(args[0] @ self.w1) * (args[0] @ self.w2)", "[torch.randn(17, 33)]",
                         "self.w1 = nn.Parameter(torch.randn(33, 24))\nself.w2 = nn.Parameter(torch.randn(33, 24))")
@@ -378,6 +398,31 @@ def test_split_tf32x3_is_offered_for_fp32_operands_and_verified_on_odd_shapes(tm
     assert "INPUT_PRECISION" not in gemm_space({"Bt": 1, "M": 33, "N": 20, "K": 70}, "tl.bfloat16", 1, split_operands=True)
     assert SPLIT_TF32X3 not in gemm_space({"Bt": 1, "M": 33, "N": 20, "K": 70}, "tl.float32", 1, True, True)[
         "INPUT_PRECISION"]
+
+
+def test_split_tf32x3_takes_the_tile_kernel_with_its_split_k_and_twice_the_shared_memory(tmp_path):
+    """Asked for with the persistent or stream-K schedule (a mutation may combine them), the split mode renders the
+    tile kernel and keeps the configuration's split-K; each pipeline stage holds both parts of each operand tile,
+    so the fitted stages and BLOCK_K stay within the shared memory at 8 bytes a value. K = 64 keeps the operands
+    aligned for TMA, so the persistent kernel would be taken if the mode did not forbid it."""
+    import re
+
+    from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
+    from kernelevolve.templates.matmul.launch import SMEM_BYTES
+
+    g = capture_problem(tmp_path, "return self.fc(args[0])", "[torch.randn(40, 64)]", "self.fc = nn.Linear(64, 48)")
+    (match,) = find_all(g)
+    for schedule in ("tma", "streamk", "tiles"):
+        source = MatmulTemplate().render(match, {"INPUT_PRECISION": SPLIT_TF32X3, "SCHEDULE": schedule,
+                                                 "SPLIT_K": 2, "BLOCK_K": 16}, "mm_test")
+        assert "_tma" not in source and "_sk[" not in source and "SPLIT_K=2" in source, schedule
+    check(MatmulTemplate(), match, g, [{"INPUT_PRECISION": SPLIT_TF32X3, "SCHEDULE": "tma"}])
+    sizes = {"Bt": 1, "M": 4096, "N": 4096, "K": 4096}
+    match.spec["stages"][0]["sizes"] = sizes  # the same stage at a size where shared memory binds
+    source = MatmulTemplate().render(match, {"INPUT_PRECISION": SPLIT_TF32X3, "BLOCK_M": 128, "BLOCK_N": 256,
+                                             "BLOCK_K": 128, "num_stages": 5, "num_warps": 8}, "mm_test")
+    got = {k: int(v) for k, v in re.findall(r"\b(BLOCK_M|BLOCK_N|BLOCK_K|num_stages)=(\d+)", source)}
+    assert got["num_stages"] * (got["BLOCK_M"] + got["BLOCK_N"]) * got["BLOCK_K"] * 8 <= SMEM_BYTES, got
 
 
 def test_split_tf32x3_falls_back_to_tf32x3_where_an_operand_is_cast(tmp_path):

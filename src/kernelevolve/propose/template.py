@@ -193,8 +193,9 @@ class TemplateProposer:
                 if len(r.space[knob]) > 1:
                     varied = dict(base[r.key], **{knob: r.space[knob][1]})
                     seeds.append((f"prior {r.match.kind} {knob}", dict(base, **{r.key: varied})))
-                # every fp32 product mode is worth one try: which is fastest depends on the shape and the Triton
-                for value in r.space[knob][2:] if knob == "INPUT_PRECISION" else []:
+                # each tensor-core fp32 product mode is worth one try: which is fastest depends on the shape and the
+                # Triton (the exact FMA dot, where it is not the default, is the slowest)
+                for value in [v for v in r.space[knob][2:] if v != "ieee"] if knob == "INPUT_PRECISION" else []:
                     varied = dict(base[r.key], **{knob: value})
                     seeds.append((f"prior {r.match.kind} {knob}={value}", dict(base, **{r.key: varied})))
         return seeds

@@ -104,23 +104,33 @@ def _k_steps(st: dict[str, Any], prec: str, step: str, split: bool = False) -> l
 
 
 def split_text(name: str) -> str:
-    """``name_split(x)``: x (fp32) as its TF32 part and the rest, two tensors of one layout (x's where x is dense)."""
+    """``name_split(x)``: x (fp32) as its TF32 part and the rest, two tensors of one layout: x's where x is dense, a
+    broadcast dim (stride 0) split once and broadcast again, anything else read through a row-major copy."""
     return "\n".join([
         "@triton.jit",
         f"def {name}_split_kernel(x_ptr, hi_ptr, lo_ptr, n, BLOCK: tl.constexpr):",
         "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
         "    mask = offs < n",
         "    x = tl.load(x_ptr + offs, mask=mask, other=0.0)",
-        "    # the nearest value with TF32's 10 mantissa bits (rounding the magnitude's bits), then what is left",
-        "    hi = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)",
+        "    bits = x.to(tl.int32, bitcast=True)",
+        "    # the nearest value with TF32's 10 mantissa bits (rounding the magnitude's bits), truncated instead where",
+        "    # rounding would pass the largest finite float; then what is left (none where hi is x: infinities too)",
+        "    hi = ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True)",
+        "    hi = tl.where(tl.abs(hi) > 3.4e38, (bits & -0x2000).to(tl.float32, bitcast=True), hi)",
         "    tl.store(hi_ptr + offs, hi, mask=mask)",
-        "    tl.store(lo_ptr + offs, x - hi, mask=mask)",
+        "    tl.store(lo_ptr + offs, tl.where(hi == x, 0.0, x - hi), mask=mask)",
         "",
         "",
         f"def {name}_split(x):",
-        "    hi, lo = torch.empty_like(x), torch.empty_like(x)",
-        "    if hi.stride() != x.stride():",
-        "        x = x.contiguous()  # not dense: read a copy in the layout of hi and lo",
+        "    if any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape)):",
+        "        one = x[tuple(slice(0, 1) if s == 0 else slice(None) for s in x.stride())]",
+        f"        hi, lo = {name}_split(one)",
+        "        return hi.expand(x.shape), lo.expand(x.shape)",
+        "    hi = torch.empty_like(x)",
+        "    if hi.stride() != x.stride():  # not dense: split a row-major copy into row-major parts",
+        "        x = x.contiguous()",
+        "        hi = torch.empty_like(x)",
+        "    lo = torch.empty_like(hi)",
         "    n = x.numel()",
         f"    {name}_split_kernel[(triton.cdiv(n, 4096),)](x, hi, lo, n, BLOCK=4096, num_warps=8)",
         "    return hi, lo"])

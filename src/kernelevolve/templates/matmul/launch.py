@@ -233,11 +233,11 @@ def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: 
     if mode == SPLIT_TF32X3 and not splittable(st):
         mode = "tf32x3"  # a configuration carried over from a problem whose operands were fp32 tensors
     split = mode == SPLIT_TF32X3
+    if split:  # the persistent and stream-K kernels take the operands whole: the tile kernel, split-K kept
+        config = dict(config, SCHEDULE="tiles")
     # a split stage reads two tiles of each operand per K step: twice the shared memory of a stage
     cfg = fit(config, st["sizes"], _itemsize(st["dot"]) * (2 if split else 1), len(st["bs"]))
     cfg["INPUT_PRECISION"] = mode
-    if split:
-        cfg["SCHEDULE"] = "tiles"  # the persistent and stream-K kernels take the operands whole
     prec = _precision(st["dot"], mode)
     params = [f"x_{n.name}" for n in match.inputs] + match.spec.get("intermediates", [])[:int(st["tag"][1:])]
     parts = [gemm_kernel(name, st, cfg["SPLIT_K"], prec, split)]
