@@ -51,16 +51,19 @@ GEMMS = [p for p in PROBLEMS if p.stem in ("linear_gelu_bf16", "swiglu_mlp_bf16"
 GEMMS += suite.gemm_paths()
 
 
-def render_with(problem, knob: str, value: str, label: str) -> str:
-    """The defaults, with ``knob`` set to ``value`` in every region whose space offers it (skips where none does)."""
+def render_with(problem, knob: str, value: str, label: str, also: dict | None = None) -> str:
+    """The defaults, with ``knob`` set to ``value`` in every region whose space offers it (skips where none does), and
+    each knob of ``also`` set there too where that region offers its value."""
     proposer = TemplateProposer("cuda", seed=0)
     plan = proposer.plan(problem)
     genome = {r.key: r.default() for r in plan.regions}
     keys = [r.key for r in plan.regions if value in r.space.get(knob, [])]
     if not keys:
         pytest.skip(f"no region offers {knob}={value}")
-    for key in keys:
-        genome[key][knob] = value
+    for r in plan.regions:
+        if r.key in keys:
+            genome[r.key][knob] = value
+            genome[r.key].update({k: v for k, v in (also or {}).items() if v in r.space.get(k, [])})
     source = proposer.render(plan, genome, label)
     assert source is not None, proposer.broken
     return source
@@ -115,18 +118,22 @@ SPLIT = [p for p in GEMMS if p.stem in ("dcn_v2_cross_fp32", "swiglu_mlp_fp32", 
                                         "linear_logsumexp_fp32")]
 
 
+@pytest.mark.parametrize("schedule", ["tiles", "tma"])
 @pytest.mark.parametrize("path", SPLIT, ids=[p.stem for p in SPLIT])
-def test_fp32_products_on_split_operands_pass_the_judge_on_cuda(path: Path, tmp_path: Path) -> None:
+def test_fp32_products_on_split_operands_pass_the_judge_on_cuda(path: Path, schedule: str, tmp_path: Path) -> None:
     """``split_tf32x3`` (three TF32 tensor-core products on operands split in memory) at the problems' full sizes,
-    judged at their fp32 tolerance: the accuracy the CPU tests cannot show, since the interpreter multiplies in fp32."""
+    judged at their fp32 tolerance: the accuracy the CPU tests cannot show, since the interpreter multiplies in fp32.
+    In the tile kernel, and in the persistent TMA kernel where a region offers it."""
     from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig
     from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
 
     from kernelevolve.candidate import Candidate
 
     problem = load_problem(path, "cuda")
-    source = render_with(problem, "INPUT_PRECISION", SPLIT_TF32X3, SPLIT_TF32X3)
+    source = render_with(problem, "INPUT_PRECISION", SPLIT_TF32X3, SPLIT_TF32X3, {"SCHEDULE": schedule})
     assert "_split(" in source
+    if schedule == "tma" and "a_lo_desc" not in source:
+        pytest.skip("no split region offers the persistent schedule")
 
     evaluator = Evaluator(problem, EvalConfig(device="cuda", timing=TimingConfig(budget_ms=50)), tmp_path / "w")
     r = evaluator.evaluate(Candidate(source, proposer="template", language="triton", meta={"label": SPLIT_TF32X3}))

@@ -400,23 +400,35 @@ def test_split_tf32x3_is_offered_for_fp32_operands_and_verified_on_odd_shapes(tm
         "INPUT_PRECISION"]
 
 
-def test_split_tf32x3_takes_the_tile_kernel_with_its_split_k_and_twice_the_shared_memory(tmp_path):
-    """Asked for with the persistent or stream-K schedule (a mutation may combine them), the split mode renders the
-    tile kernel and keeps the configuration's split-K; each pipeline stage holds both parts of each operand tile,
-    so the fitted stages and BLOCK_K stay within the shared memory at 8 bytes a value. K = 64 keeps the operands
-    aligned for TMA, so the persistent kernel would be taken if the mode did not forbid it."""
+def test_split_tf32x3_schedules_and_twice_the_shared_memory(tmp_path):
+    """Asked for with stream-K (a mutation may combine them), the split mode renders the tile kernel and keeps the
+    configuration's split-K; with the persistent schedule it reads both parts through tensor descriptors (K = 64
+    keeps the operands aligned for TMA). Each pipeline stage holds both parts of each operand tile, so the fitted
+    stages and BLOCK_K stay within the shared memory at 8 bytes a value."""
     import re
 
+    from kernelevolve.templates.matmul import has_tma
     from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
     from kernelevolve.templates.matmul.launch import SMEM_BYTES
 
     g = capture_problem(tmp_path, "return self.fc(args[0])", "[torch.randn(40, 64)]", "self.fc = nn.Linear(64, 48)")
     (match,) = find_all(g)
-    for schedule in ("tma", "streamk", "tiles"):
+    for schedule in ("streamk", "tiles"):
         source = MatmulTemplate().render(match, {"INPUT_PRECISION": SPLIT_TF32X3, "SCHEDULE": schedule,
                                                  "SPLIT_K": 2, "BLOCK_K": 16}, "mm_test")
-        assert "_tma" not in source and "_sk[" not in source and "SPLIT_K=2" in source, schedule
-    check(MatmulTemplate(), match, g, [{"INPUT_PRECISION": SPLIT_TF32X3, "SCHEDULE": "tma"}])
+        assert "_sk[" not in source and "SPLIT_K=2" in source, schedule
+    check(MatmulTemplate(), match, g, [{"INPUT_PRECISION": SPLIT_TF32X3, "SCHEDULE": "streamk"}])
+    if has_tma():
+        tma = {"INPUT_PRECISION": SPLIT_TF32X3, "SCHEDULE": "tma", "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}
+        launches = render_checked(MatmulTemplate(), match, g, tma, "mm_st", ["mm_st_s0_tma", "mm_st_s0_kernel"])
+        assert [len(x) for x in launches] == [1, 0]
+        assert "a_lo_desc.load" in MatmulTemplate().render(match, tma, "mm_st")
+        # a weight in [K, N] order, read as it lies (not transposed in registers)
+        g2 = capture_problem(tmp_path, "return torch.relu(args[0] @ self.w)", "[torch.randn(40, 64)]",
+                             "self.w = nn.Parameter(torch.randn(64, 48))")
+        (m2,) = find_all(g2)
+        launches = render_checked(MatmulTemplate(), m2, g2, tma, "mm_s2", ["mm_s2_s0_tma", "mm_s2_s0_kernel"])
+        assert [len(x) for x in launches] == [1, 0]
     sizes = {"Bt": 1, "M": 4096, "N": 4096, "K": 4096}
     match.spec["stages"][0]["sizes"] = sizes  # the same stage at a size where shared memory binds
     source = MatmulTemplate().render(match, {"INPUT_PRECISION": SPLIT_TF32X3, "BLOCK_M": 128, "BLOCK_N": 256,

@@ -178,31 +178,36 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: b
     return "\n".join(["@triton.jit"] + head + _indent(body, 1))
 
 
-def tma_kernel(name: str, st: dict[str, Any], prec: str) -> str:
+def tma_kernel(name: str, st: dict[str, Any], prec: str, split: bool = False) -> str:
     """The persistent GEMM for Hopper: one program per SM walks the (batch, grouped) tiles; A and each B are read
     through device-side tensor descriptors (TMA), zero-padded past their edges, so the K loop has no masks and no
     address arithmetic. An operand whose rows are contiguous the other way (a transposed weight) is described in that
-    order and transposed in registers (``*_T``). The launcher sends here only operands whose layout TMA takes."""
+    order and transposed in registers (``*_T``). The launcher sends here only operands whose layout TMA takes.
+    ``split``: each operand also has its rest after the TF32 part (``*_lo``, same layout), and three TF32 products."""
     nb, tag = len(st["bs"]), st["tag"]
-    ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)] + _epi_ptrs(st)
+    lo = ["a_lo_ptr"] + [f"b{j}_lo_ptr" for j in range(nb)] if split else []
+    ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)] + lo + _epi_ptrs(st)
     strides = ["s_ab", "s_am", "s_ak"] + [f"s_b{j}{d}" for j in range(nb) for d in "bkn"] + _epi_strides(st)
     flags = ["A_T"] + [f"B{j}_T" for j in range(nb)]
     ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
-    body = ["if A_T:",
-            "    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[Bt, K, M], strides=[s_ab, s_ak, 1],",
-            "                                       block_shape=[1, BLOCK_K, BLOCK_M])",
-            "else:",
-            "    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[Bt, M, K], strides=[s_ab, s_am, 1],",
-            "                                       block_shape=[1, BLOCK_M, BLOCK_K])"]
-    for j in range(nb):
-        body += [f"if B{j}_T:",
-                 f"    b{j}_desc = tl.make_tensor_descriptor(b{j}_ptr, shape=[Bt, N, K], "
-                 f"strides=[s_b{j}b, s_b{j}n, 1],",
-                 "        block_shape=[1, BLOCK_N, BLOCK_K])",
+    body: list[str] = []
+    for v in ["a", "a_lo"] if split else ["a"]:
+        body += ["if A_T:",
+                 f"    {v}_desc = tl.make_tensor_descriptor({v}_ptr, shape=[Bt, K, M], strides=[s_ab, s_ak, 1],",
+                 "        block_shape=[1, BLOCK_K, BLOCK_M])",
                  "else:",
-                 f"    b{j}_desc = tl.make_tensor_descriptor(b{j}_ptr, shape=[Bt, K, N], "
-                 f"strides=[s_b{j}b, s_b{j}k, 1],",
-                 "        block_shape=[1, BLOCK_K, BLOCK_N])"]
+                 f"    {v}_desc = tl.make_tensor_descriptor({v}_ptr, shape=[Bt, M, K], strides=[s_ab, s_am, 1],",
+                 "        block_shape=[1, BLOCK_M, BLOCK_K])"]
+    for j in range(nb):
+        for v in [f"b{j}", f"b{j}_lo"] if split else [f"b{j}"]:
+            body += [f"if B{j}_T:",
+                     f"    {v}_desc = tl.make_tensor_descriptor({v}_ptr, shape=[Bt, N, K], "
+                     f"strides=[s_b{j}b, s_b{j}n, 1],",
+                     "        block_shape=[1, BLOCK_N, BLOCK_K])",
+                     "else:",
+                     f"    {v}_desc = tl.make_tensor_descriptor({v}_ptr, shape=[Bt, K, N], "
+                     f"strides=[s_b{j}b, s_b{j}k, 1],",
+                     "        block_shape=[1, BLOCK_K, BLOCK_N])"]
     body += ["grid_m = tl.cdiv(M, BLOCK_M)", "grid_n = tl.cdiv(N, BLOCK_N)", "per_batch = grid_m * grid_n",
              "width = GROUP_M * grid_n", "k_tiles = tl.cdiv(K, BLOCK_K)",
              "for tile in range(tl.program_id(0), Bt * per_batch, NUM_SMS):"]
@@ -211,14 +216,20 @@ def tma_kernel(name: str, st: dict[str, Any], prec: str) -> str:
             "pid_m = first_m + (pid % width) % size_m", "pid_n = (pid % width) // size_m",
             "om = pid_m * BLOCK_M", "on = pid_n * BLOCK_N"]
     loop += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in st["accs"]]
-    k_body = ["ok = kk * BLOCK_K", "if A_T:",
-              f"    a = tl.trans(a_desc.load([rb, ok, om]).reshape(BLOCK_K, BLOCK_M)){ac}",
-              "else:", f"    a = a_desc.load([rb, om, ok]).reshape(BLOCK_M, BLOCK_K){ac}"]
+    k_body = ["ok = kk * BLOCK_K"]
+    for v in ["a", "a_lo"] if split else ["a"]:
+        k_body += ["if A_T:", f"    {v} = tl.trans({v}_desc.load([rb, ok, om]).reshape(BLOCK_K, BLOCK_M)){ac}",
+                   "else:", f"    {v} = {v}_desc.load([rb, om, ok]).reshape(BLOCK_M, BLOCK_K){ac}"]
     for j, b in enumerate(st["bs"]):
         bc = f".to({b['cast']})" if b["cast"] else ""
-        k_body += [f"if B{j}_T:", f"    b{j} = tl.trans(b{j}_desc.load([rb, on, ok]).reshape(BLOCK_N, BLOCK_K)){bc}",
-                   "else:", f"    b{j} = b{j}_desc.load([rb, ok, on]).reshape(BLOCK_K, BLOCK_N){bc}"]
-    k_body += [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
+        for v in [f"b{j}", f"b{j}_lo"] if split else [f"b{j}"]:
+            k_body += [f"if B{j}_T:", f"    {v} = tl.trans({v}_desc.load([rb, on, ok]).reshape(BLOCK_N, BLOCK_K)){bc}",
+                       "else:", f"    {v} = {v}_desc.load([rb, ok, on]).reshape(BLOCK_K, BLOCK_N){bc}"]
+    if split:
+        k_body += [f'{acc} = tl.dot({x}, {y}, {acc}, input_precision="tf32")' for j, acc in enumerate(st["accs"])
+                   for x, y in (("a_lo", f"b{j}"), ("a", f"b{j}_lo"), ("a", f"b{j}"))]
+    else:
+        k_body += [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
     loop += ["for kk in range(0, k_tiles):"] + _indent(k_body, 1)
     loop += ["rm = om + tl.arange(0, BLOCK_M)", "rn = on + tl.arange(0, BLOCK_N)", "mask_m = rm < M",
              "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"] + _epilogue(st)

@@ -233,7 +233,7 @@ def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: 
     if mode == SPLIT_TF32X3 and not splittable(st):
         mode = "tf32x3"  # a configuration carried over from a problem whose operands were fp32 tensors
     split = mode == SPLIT_TF32X3
-    if split:  # the persistent and stream-K kernels take the operands whole: the tile kernel, split-K kept
+    if split and config.get("SCHEDULE") == "streamk":  # stream-K takes the operands whole: the tile kernel
         config = dict(config, SCHEDULE="tiles")
     # a split stage reads two tiles of each operand per K step: twice the shared memory of a stage
     cfg = fit(config, st["sizes"], _itemsize(st["dot"]) * (2 if split else 1), len(st["bs"]))
@@ -246,7 +246,7 @@ def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: 
     if split:
         parts.append(split_text(f"{name}_{st['tag']}"))
     if cfg["SCHEDULE"] == "tma":
-        parts.append(tma_kernel(name, st, prec))
+        parts.append(tma_kernel(name, st, prec, split))
         if st["tag"] == "s0":
             parts.append(tma_helpers(name))
     if cfg["SPLIT_K"] > 1:
