@@ -227,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
             i, n = (int(v) for v in args.shard.split("/"))
             stems = stems[i::n]
         command = " ".join(["python3", __file__, *argv])
-        head = {"date": time.strftime("%Y-%m-%d"), "device": args.device, "device_name": torch.cuda.get_device_name(0) if args.device == "cuda"
-                else "cpu", **versions(), "command": command, "budget_s": args.budget_s,
-                "max_evals": args.max_evals, "proposers": args.proposer, "tol": args.tol, "small": args.small}
+        head = {"date": time.strftime("%Y-%m-%d"), "device": args.device,
+                "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", **versions(),
+                "command": command, "budget_s": args.budget_s, "max_evals": args.max_evals,
+                "proposers": args.proposer, "tol": args.tol, "small": args.small}
         rows = []
         if args.resume:
             want = {k: head[k] for k in ("device_name", "budget_s", "max_evals", "proposers", "tol", "small")}

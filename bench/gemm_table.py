@@ -82,11 +82,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                      f"{x(r.get('speedup_best_baseline'))} | {f'{frac:.2f}' if frac else '—'} | "
                      f"{r.get('best_proposer') or '—'} {(r.get('best_label') or '')[:40]} |")
     s = summarize(rows)
-    gm = s["geomean_vs_best_baseline"]
+    lowest, floor = s["min_vs_max_autotune"], s["median_floor_fraction"]
     lines += ["", f"{s['problems']} problems, {s['verified']} verified; at least 1.0x max-autotune on "
               f"{s['at_least_max_autotune']} of the {s['max_autotune_timed']} it was timed on (lowest "
-              f"{'—' if s['min_vs_max_autotune'] is None else format(s['min_vs_max_autotune'], '.4f') + 'x'}); geomean {x(gm)} over the best baseline; median floor fraction "
-              f"{s['median_floor_fraction'] if s['median_floor_fraction'] is None else round(s['median_floor_fraction'], 2)}"]
+              f"{'—' if lowest is None else f'{lowest:.4f}x'}); geomean {x(s['geomean_vs_best_baseline'])} over the "
+              f"best baseline; median floor fraction {'—' if floor is None else f'{floor:.2f}'}"]
     return "\n".join(lines)
 
 

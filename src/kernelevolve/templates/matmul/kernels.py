@@ -11,6 +11,12 @@ from typing import Any
 SPLIT_TF32X3 = "split_tf32x3"
 
 
+def _split_dots(accs: list[str]) -> list[str]:
+    """Each accumulator's three TF32 products of split operands (``x``, ``x_lo``), the small ones first."""
+    return [f'{acc} = tl.dot({x}, {y}, {acc}, input_precision="tf32")' for j, acc in enumerate(accs)
+            for x, y in (("a_lo", f"b{j}"), ("a", f"b{j}_lo"), ("a", f"b{j}"))]
+
+
 def _precision(dot: str, mode: str | None) -> str:
     if mode == SPLIT_TF32X3:
         mode = "tf32x3"
@@ -96,9 +102,7 @@ def _k_steps(st: dict[str, Any], prec: str, step: str, split: bool = False) -> l
         return _k_loop(loads, dots, step) + steps
     loads += [("a_lo", "a_lo_ptrs", "", "rk[None, :] < k_left", "")]
     loads += [(f"b{j}_lo", f"b{j}_lo_ptrs", "", "rk[:, None] < k_left", "") for j in range(nb)]
-    tf32 = ', input_precision="tf32"'
-    dots = [f"{acc} = tl.dot({x}, {y}, {acc}{tf32})" for j, acc in enumerate(st["accs"])
-            for x, y in (("a_lo", f"b{j}"), ("a", f"b{j}_lo"), ("a", f"b{j}"))]
+    dots = _split_dots(st["accs"])
     steps += [f"a_lo_ptrs += {step} * s_ak"] + [f"b{j}_lo_ptrs += {step} * s_b{j}k" for j in range(nb)]
     return _k_loop(loads, dots, step) + steps
 
@@ -153,14 +157,12 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: b
             "grid_n = tl.cdiv(N, BLOCK_N)", "width = GROUP_M * grid_n", "first_m = (pid // width) * GROUP_M",
             "size_m = min(grid_m - first_m, GROUP_M)", "pid_m = first_m + (pid % width) % size_m",
             "pid_n = (pid % width) // size_m", "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-            "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", "rk = tl.program_id(2) * BLOCK_K + tl.arange(0, BLOCK_K)",
-            # rows/columns past the edge read wrapped data (never stored), so the K loop needs no M/N masks
-            "a_ptrs = a_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak"]
-    body += [f"b{j}_ptrs = b{j}_ptr + rb64 * s_b{j}b + rk[:, None] * s_b{j}k + (rn % N)[None, :] * s_b{j}n"
-             for j in range(nb)]
-    if split:
-        body += ["a_lo_ptrs = a_lo_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak"]
-        body += [f"b{j}_lo_ptrs = b{j}_lo_ptr + rb64 * s_b{j}b + rk[:, None] * s_b{j}k + (rn % N)[None, :] * s_b{j}n"
+            "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", "rk = tl.program_id(2) * BLOCK_K + tl.arange(0, BLOCK_K)"]
+    # rows/columns past the edge read wrapped data (never stored), so the K loop needs no M/N masks; the rest after
+    # the TF32 part of a split operand lies in the operand's layout
+    for lo in ["", "_lo"] if split else [""]:
+        body += [f"a{lo}_ptrs = a{lo}_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak"]
+        body += [f"b{j}{lo}_ptrs = b{j}{lo}_ptr + rb64 * s_b{j}b + rk[:, None] * s_b{j}k + (rn % N)[None, :] * s_b{j}n"
                  for j in range(nb)]
     body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
     body += ["for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):"] + _indent(k_loop, 1)
@@ -225,11 +227,8 @@ def tma_kernel(name: str, st: dict[str, Any], prec: str, split: bool = False) ->
         for v in [f"b{j}", f"b{j}_lo"] if split else [f"b{j}"]:
             k_body += [f"if B{j}_T:", f"    {v} = tl.trans({v}_desc.load([rb, on, ok]).reshape(BLOCK_N, BLOCK_K)){bc}",
                        "else:", f"    {v} = {v}_desc.load([rb, ok, on]).reshape(BLOCK_K, BLOCK_N){bc}"]
-    if split:
-        k_body += [f'{acc} = tl.dot({x}, {y}, {acc}, input_precision="tf32")' for j, acc in enumerate(st["accs"])
-                   for x, y in (("a_lo", f"b{j}"), ("a", f"b{j}_lo"), ("a", f"b{j}"))]
-    else:
-        k_body += [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
+    k_body += _split_dots(st["accs"]) if split else \
+        [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
     loop += ["for kk in range(0, k_tiles):"] + _indent(k_body, 1)
     loop += ["rm = om + tl.arange(0, BLOCK_M)", "rn = on + tl.arange(0, BLOCK_N)", "mask_m = rm < M",
              "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"] + _epilogue(st)

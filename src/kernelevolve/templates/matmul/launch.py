@@ -60,7 +60,7 @@ def fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, n_b: int) 
 def precisions(dot: str, allow_tf32: bool, split: bool = False) -> list[str]:
     """fp32 dot modes, the default first: exact FMA unless tf32 is allowed; tf32x3 (three tf32 tensor-core dots on
     a hi/lo split) keeps about fp32 accuracy and is left to the search. ``split``: the same three products on
-    operands split once, in memory, before the GEMM (SPLIT_TF32X3: the tile GEMM on fp32 operands only)."""
+    operands split once, in memory, before the GEMM (SPLIT_TF32X3: kernels that read fp32 operands as they stand)."""
     if dot != "tl.float32":
         return []
     return ["tf32", "tf32x3", "ieee"] if allow_tf32 else ["ieee", "tf32x3"] + ([SPLIT_TF32X3] if split else [])
@@ -69,6 +69,15 @@ def precisions(dot: str, allow_tf32: bool, split: bool = False) -> list[str]:
 def splittable(st: dict[str, Any]) -> bool:
     """Whether a stage's operands are fp32 tensors as they stand (no cast in the kernel), which SPLIT_TF32X3 needs."""
     return st["dot"] == "tl.float32" and not st["a"]["cast"] and not any(b["cast"] for b in st["bs"])
+
+
+def split_mode(config: dict[str, Any], st: dict[str, Any]) -> tuple[str, bool]:
+    """(the fp32 product mode a stage renders, whether it splits its operands): SPLIT_TF32X3 asked of a stage whose
+    operands it cannot split (a configuration carried over from another problem) renders tf32x3, never plain TF32."""
+    mode = config.get("INPUT_PRECISION", "ieee")
+    if mode == SPLIT_TF32X3 and not splittable(st):
+        mode = "tf32x3"
+    return mode, mode == SPLIT_TF32X3
 
 
 def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = False,
@@ -229,10 +238,7 @@ def launcher_text(name: str, match: Match, calls: list[tuple[str, list[str], lis
 
 def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: str) -> list[str]:
     """Kernel(s), prep and stage function of one GEMM stage."""
-    mode = config.get("INPUT_PRECISION", "ieee")
-    if mode == SPLIT_TF32X3 and not splittable(st):
-        mode = "tf32x3"  # a configuration carried over from a problem whose operands were fp32 tensors
-    split = mode == SPLIT_TF32X3
+    mode, split = split_mode(config, st)
     if split and config.get("SCHEDULE") == "streamk":  # stream-K takes the operands whole: the tile kernel
         config = dict(config, SCHEDULE="tiles")
     # a split stage reads two tiles of each operand per K step: twice the shared memory of a stage

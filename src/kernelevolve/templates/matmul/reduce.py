@@ -15,10 +15,9 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
 from kernelevolve.templates.base import HopelessConfig, Match, make_match
 from kernelevolve.templates.graphutil import pow2
-from kernelevolve.templates.matmul.kernels import (SPLIT_TF32X3, _epilogue, _indent, _k_steps, _precision,
-                                                   split_text, upcast_flag)
+from kernelevolve.templates.matmul.kernels import _epilogue, _indent, _k_steps, _precision, split_text, upcast_flag
 from kernelevolve.templates.matmul.launch import IEEE_LONG, SMEM_BYTES, SMS, _first, _itemsize, _launch_strides, \
-    precisions, prep_text, splittable
+    precisions, prep_text, split_mode, splittable
 from kernelevolve.templates.matmul.operands import gemm_parts, is_gemm, operand
 from kernelevolve.templates.matmul.stage import Head, StageBuilder
 from kernelevolve.templates.rowreduce.codegen import _Gen, _store
@@ -96,8 +95,7 @@ class GemmReduceTemplate:
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
         config = {**{k: v[0] for k, v in self.space(match, "cuda").items()}, **config}
         st = match.spec["stages"][0]
-        mode = config.get("INPUT_PRECISION", "ieee")
-        split = mode == SPLIT_TF32X3 and splittable(st)
+        mode, split = split_mode(config, st)
         cfg = dict(_fit(config, st["sizes"], _itemsize(st["dot"]) * (2 if split else 1)), SPLIT=split)
         rows = {n.name: n for n in match.nodes}
         sub = make_match("row_reduction", [rows[x] for x in match.spec["rows"]],
@@ -106,7 +104,8 @@ class GemmReduceTemplate:
         gen = _Gen(sub, Frame(tuple(match.spec["full"]), match.spec["dim"]), bound={view: match.spec["product"]})
         gen.merge()
         ins = [f"x_{n.name}" for n in match.inputs]
-        parts = [_kernel(name, st, gen, sub, _precision(st["dot"], mode), split), upcast_flag(name, f"{name}_kernel"),
+        parts = [_kernel(name, st, gen, sub, _precision(st["dot"], mode), split),
+                 upcast_flag(name, f"{name}_kernel"),
                  prep_text(name, st, ins, stores=False), _launcher(name, match, st, gen, sub, cfg)]
         if split:
             parts.insert(2, split_text(name))
@@ -129,18 +128,17 @@ def _fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int) -> dict[s
 
 
 def _kernel(name: str, st: dict[str, Any], gen: _Gen, sub: Match, prec: str, split: bool = False) -> str:
-    ptrs = ["a_ptr", "b0_ptr"] + (["a_lo_ptr", "b0_lo_ptr"] if split else []) + [f"{e['var']}_ptr" for e in st["extras"]]
+    lo = ["", "_lo"] if split else [""]  # the rest after the TF32 part of a split operand, in the same layout
+    ptrs = [f"{v}{s}_ptr" for s in lo for v in ("a", "b0")] + [f"{e['var']}_ptr" for e in st["extras"]]
     ptrs += [f"{o.var}_ptr" for o in gen.loads.values()] + [f"{o.var}_ptr" for o in gen.outs]
     strides = ["s_am", "s_ak", "s_b0k", "s_b0n"] + [f"{e['var']}_s{d}" for e in st["extras"] for d in e["dims"]]
     acc = st["accs"][0]
     body = ["rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)", "rn = tl.arange(0, BLOCK_N)",
-            "rk = tl.arange(0, BLOCK_K)",
-            # columns past N read wrapped data: finite, and never part of a reduction or a store (masked below)
-            "a_ptrs = a_ptr + (rm % M)[:, None] * s_am + rk[None, :] * s_ak",
-            "b0_ptrs = b0_ptr + rk[:, None] * s_b0k + (rn % N)[None, :] * s_b0n"]
-    if split:
-        body += ["a_lo_ptrs = a_lo_ptr + (rm % M)[:, None] * s_am + rk[None, :] * s_ak",
-                 "b0_lo_ptrs = b0_lo_ptr + rk[:, None] * s_b0k + (rn % N)[None, :] * s_b0n"]
+            "rk = tl.arange(0, BLOCK_K)"]
+    # columns past N read wrapped data: finite, and never part of a reduction or a store (masked below)
+    for s in lo:
+        body += [f"a{s}_ptrs = a{s}_ptr + (rm % M)[:, None] * s_am + rk[None, :] * s_ak",
+                 f"b0{s}_ptrs = b0{s}_ptr + rk[:, None] * s_b0k + (rn % N)[None, :] * s_b0n"]
     body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)", "for k in range(0, tl.cdiv(K, BLOCK_K)):"]
     body += _indent(_k_steps(st, prec, "BLOCK_K", split), 1)
     body += ["mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"]
@@ -171,7 +169,8 @@ def _launcher(name: str, match: Match, st: dict[str, Any], gen: _Gen, sub: Match
         f"    e, _, _ = {name}_s0_prep(1, M, N, a.device, {', '.join(ins)})",
         f"    outs = ({outs},)",
         *([f"    a, a_lo = {name}_split(a)", f"    b0, b0_lo = {name}_split(b0)"] if cfg["SPLIT"] else []),
-        f"    {name}_kernel[(triton.cdiv(M, {bm}),)](a, b0, {'a_lo, b0_lo, ' if cfg['SPLIT'] else ''}*e, {''.join(x + ', ' for x in loads)}*outs, M, N, K, "
+        f"    {name}_kernel[(triton.cdiv(M, {bm}),)](a, b0, {'a_lo, b0_lo, ' if cfg['SPLIT'] else ''}*e, "
+        f"{''.join(x + ', ' for x in loads)}*outs, M, N, K, "
         f"*a.stride(), *b0.stride(), {extra_strides}",
         f"        BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, BLOCK_R={bm}, BLOCK_C={bn}, EVEN_K=K % {bk} == 0,",
         f"        UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, num_stages={cfg['num_stages']})",
