@@ -190,3 +190,81 @@ def test_a_recall_and_timing_draw_of_other_sizes_do_not_fail_an_honest_kernel(tm
     result = Evaluator(problem, config, tmp_path / "work").evaluate(Candidate(KERNEL, proposer="manual"))
     assert result.ok, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"
     assert result.details.get("recall") is None or "skipped" not in str(result.details["recall"])
+
+
+def _lse_problem(scale: str) -> str:
+    return f'''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.logsumexp(x * {scale}, dim=1, keepdim=True)
+
+
+def get_inputs():
+    return [torch.randn(8, 4096)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+LSE_KERNEL = '''
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _lse(x_ptr, out_ptr, scale, N: tl.constexpr):
+    r = tl.program_id(0)
+    x = tl.load(x_ptr + r * N + tl.arange(0, N)) * scale
+    m = tl.max(x, 0)
+    tl.store(out_ptr + r, m + tl.log(tl.sum(tl.exp(x - m), 0)))
+
+
+class ModelNew(Model):
+    """The output buffer is kept from call to call: with the kernel disabled it holds the last call's result."""
+    def forward(self, x):
+        if getattr(self, "out", None) is None or self.out.shape[0] != x.shape[0]:
+            self.out = torch.empty(x.shape[0], 1, dtype=x.dtype, device=x.device)
+        _lse[(x.shape[0],)](x.contiguous(), self.out, SCALE, N=x.shape[1])
+        return self.out
+'''
+
+LSE_CHEAT = '''
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _touch(out_ptr):
+    tl.store(out_ptr, tl.load(out_ptr))
+
+
+class ModelNew(Model):
+    def forward(self, x):
+        out = super().forward(x)  # torch does the work; the kernel only shows up
+        _touch[(1,)](out)
+        return out
+'''
+
+
+@pytest.mark.parametrize("scale, source, verdict", [("1e-4", LSE_KERNEL, Status.OK), ("1.0", LSE_KERNEL, Status.OK),
+                                                    ("1.0", LSE_CHEAT, Status.REJECTED)],
+                         ids=["nearly-constant-honest", "varying-honest", "varying-cheat"])
+def test_outputs_another_draw_passes_for_cannot_tell_a_kernel_from_none(scale, source, verdict, tmp_path):
+    """A logsumexp over 4096 values scaled by 1e-4 is log(4096) on every draw within the tolerance (KernelBench
+    level 2's Gemm_LogSumExp problem comes close): an honest kernel's last output, left where the ghost run finds
+    it, passes too, and the draw is skipped instead of failing the kernel. Over values that vary, the same kernel
+    passes the ghost run by being wrong without its kernel, and a kernel that does none of the work is rejected."""
+    path = tmp_path / "lse.py"
+    path.write_text(_lse_problem(scale))
+    problem = load_problem(path, "cpu")
+    config = EvalConfig(device="cpu", timeout_s=300, time_candidates=False)
+    cand = Candidate(_lse_problem(scale) + source.replace("SCALE", scale), proposer="manual")
+    result = Evaluator(problem, config, tmp_path / "work").evaluate(cand)
+    assert result.status == verdict, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"

@@ -2,7 +2,8 @@
 without one: the interpreter accepts code the real compiler rejects (loop-carried type changes, bad layouts, shared
 memory past the limit). A stand-in driver answers the device queries; each launch becomes a compile-only warmup.
 
-Usage: python tests/templates/compile_sm90.py [--full] [--n N] [STEM ...]; prints one JSON line per candidate."""
+Usage: python tests/templates/compile_sm90.py [--full] [--n N] [--ir DIR] [STEM ...]; prints one JSON line per
+candidate."""
 from __future__ import annotations
 
 import argparse
@@ -84,6 +85,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2, help="candidates per problem")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                     help="render every region that has this knob with this value (e.g. SCHEDULE=tma)")
+    ap.add_argument("--ir", type=Path, help="also write each kernel's TTGIR here (problem_candidate_kernel.ttgir)")
     args = ap.parse_args()
     overrides = dict(item.split("=", 1) for item in args.set)
     compiled: list[tuple[str, object]] = []
@@ -118,6 +120,9 @@ def main() -> int:
                                          "wgmma": k.asm["ptx"].count("wgmma.mma_async"),
                                          "mma": k.asm["ptx"].count("mma.sync"),
                                          **resource_usage(k.asm["cubin"])} for name, k in compiled}
+                for name, k in compiled if args.ir else []:
+                    args.ir.mkdir(parents=True, exist_ok=True)
+                    (args.ir / f"{path.stem}_{i}_{name}.ttgir").write_text(k.asm["ttgir"])
                 row["ok"] = bool(compiled) and all(k.metadata.shared <= SMEM_LIMIT for _, k in compiled)
             except Exception as e:  # report every failure, keep going
                 row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:500]}")

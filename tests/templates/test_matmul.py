@@ -400,6 +400,53 @@ def test_split_tf32x3_is_offered_for_fp32_operands_and_verified_on_odd_shapes(tm
         "INPUT_PRECISION"]
 
 
+def test_a_long_reduction_sums_each_k_tile_of_split_products_in_fp32(tmp_path):
+    """Past IEEE_LONG SPLIT_TF32X3_FP32SUM is on offer too (the tensor cores' own sums drift over K = 65536): its
+    K loop sums a tile's three products from zero and adds that sum to the accumulator (a dot started
+    from zero and added would fold back into one dot), it holds that sum beside the accumulators in the register
+    budget, and it matches ATen on odd shapes with split-K, in the persistent kernel and as the two-weight stage."""
+    from kernelevolve.templates.matmul import has_tma
+    from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3, SPLIT_TF32X3_FP32SUM, _split_dots
+
+    long = gemm_space({"Bt": 1, "M": 256, "N": 256, "K": 65536}, "tl.float32", 1, split_operands=True)
+    assert long["INPUT_PRECISION"] == ["ieee", "tf32x3", SPLIT_TF32X3, SPLIT_TF32X3_FP32SUM]
+    short = gemm_space({"Bt": 1, "M": 256, "N": 256, "K": 8192}, "tl.float32", 1, split_operands=True)
+    assert short["INPUT_PRECISION"] == ["ieee", "tf32x3", SPLIT_TF32X3]
+    lines = _split_dots(["acc0", "acc1"], SPLIT_TF32X3_FP32SUM)
+    assert lines[0] == 'part = tl.dot(a_lo, b0, input_precision="tf32")' and lines[3] == "acc0 += part"
+    assert lines[4] == 'part = tl.dot(a_lo, b1, input_precision="tf32")' and lines[7] == "acc1 += part"
+    assert all(", part, " in x for x in lines[1:3] + lines[5:7])
+    wide = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3, "SPLIT_K": 1}
+    sizes = {"M": 4096, "N": 4096, "K": 65536}
+    plain, summed = fit(wide, sizes, 8, 1), fit(wide, sizes, 8, 1, 1)
+    assert (plain["BLOCK_N"], summed["BLOCK_N"]) == (256, 128)
+    assert 2 * summed["BLOCK_M"] * summed["BLOCK_N"] <= 128 * 32 * summed["num_warps"]
+    for rows in (1, 17, 1023):
+        g = capture_problem(tmp_path, "return torch.sigmoid(self.fc(args[0])) * 2 + args[0][:, :20]",
+                            f"[torch.randn({rows}, 70)]", "self.fc = nn.Linear(70, 20)")
+        (match,) = find_all(g)
+        configs = [{"INPUT_PRECISION": SPLIT_TF32X3_FP32SUM}]
+        if rows == 17:
+            configs += [{"INPUT_PRECISION": SPLIT_TF32X3_FP32SUM, "SPLIT_K": 2, "BLOCK_K": 32}]
+        source = MatmulTemplate().render(match, configs[0], "mm_fs")
+        assert "_split(" in source and "+= part" in source
+        check(MatmulTemplate(), match, g, configs)
+    g = capture_problem(tmp_path, "return F.silu(args[0] @ self.w1) * (args[0] @ self.w2)", "[torch.randn(17, 33)]",
+                        "self.w1 = nn.Parameter(torch.randn(33, 24))\nself.w2 = nn.Parameter(torch.randn(33, 24))")
+    (match,) = find_all(g)
+    assert "+= part" not in DualGemmTemplate().render(match, {"INPUT_PRECISION": SPLIT_TF32X3}, "d")
+    check(DualGemmTemplate(), match, g, [{"INPUT_PRECISION": SPLIT_TF32X3_FP32SUM}])
+    if has_tma():
+        g = capture_problem(tmp_path, "return self.fc(args[0])", "[torch.randn(40, 64)]",
+                            "self.fc = nn.Linear(64, 48)")
+        (match,) = find_all(g)
+        tma = {"INPUT_PRECISION": SPLIT_TF32X3_FP32SUM, "SCHEDULE": "tma", "BLOCK_M": 32, "BLOCK_N": 32,
+               "BLOCK_K": 32}
+        launches = render_checked(MatmulTemplate(), match, g, tma, "mm_fst", ["mm_fst_s0_tma", "mm_fst_s0_kernel"])
+        assert [len(x) for x in launches] == [1, 0]
+        assert "+= part" in MatmulTemplate().render(match, tma, "mm_fst")
+
+
 def test_split_tf32x3_schedules_and_twice_the_shared_memory(tmp_path):
     """Asked for with stream-K (a mutation may combine them), the split mode renders the tile kernel and keeps the
     configuration's split-K; with the persistent schedule it reads both parts through tensor descriptors (K = 64

@@ -56,10 +56,11 @@ def test_each_reduction_each_dtype_at_odd_sizes(tmp_path, reduction, dtype, shap
     second = {"BLOCK_M": 16, "BLOCK_K": 32, "num_warps": 4} if narrow else {"BLOCK_K": 64, "num_stages": 2}
     configs = [{}, second]
     if dtype == torch.float32:  # and the fp32 operands split once into a TF32 part and the rest
-        from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
+        from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3, SPLIT_TF32X3_FP32SUM
 
         assert SPLIT_TF32X3 in GemmReduceTemplate().space(match, "cuda")["INPUT_PRECISION"]
-        configs.append({"INPUT_PRECISION": SPLIT_TF32X3})
+        # and with each K tile's products summed apart, then added in fp32 (offered past IEEE_LONG)
+        configs += [{"INPUT_PRECISION": SPLIT_TF32X3}, {"INPUT_PRECISION": SPLIT_TF32X3_FP32SUM}]
     # half outputs are rounded once from the fp32 product here, where ATen rounds the product first
     check(GemmReduceTemplate(), match, g, configs, tol=TOL.get(dtype, 2e-2))
 

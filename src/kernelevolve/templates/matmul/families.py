@@ -222,7 +222,8 @@ class BatchedSmallTemplate:
                  "BLOCK_N": _first(bn, KNOBS["BLOCK_N"]), "BLOCK_K": _first(bk, KNOBS["BLOCK_K"]),
                  "num_warps": [4, 8], "num_stages": [3, 4, 2, 5]}
         # operands split in memory serve the unfused stages; the fused kernel renders tf32x3 for that mode
-        modes = precisions(dot, match.spec.get("allow_tf32", False), all(map(splittable, match.spec["stages"])))
+        modes = precisions(dot, match.spec.get("allow_tf32", False), all(map(splittable, match.spec["stages"])),
+                           max(s["K"] for s in (s0, s1)))
         return {**space, "INPUT_PRECISION": modes} if modes else space
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:

