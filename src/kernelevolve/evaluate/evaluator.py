@@ -361,8 +361,12 @@ class Evaluator:
         raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
 
     def _seed_free(self, outs: tuple, gpu: int | None) -> bool:
-        """Whether the reference outputs of another fresh draw pass for ``outs`` (other sizes: they do not)."""
-        return self._compare(outs, self._reference_with_room(fresh_seed(), 0, gpu)[:len(outs)]) is None
+        """Whether the reference outputs of another fresh draw pass for ``outs`` (other sizes: they do not). Where
+        the device had no room for that draw's reference, both are compared on the host."""
+        other = self._reference_with_room(fresh_seed(), 0, gpu)[:len(outs)]
+        if _device_of(other) != _device_of(outs):
+            outs, other = ([t.cpu() if isinstance(t, torch.Tensor) else t for t in x] for x in (outs, other))
+        return self._compare(tuple(outs), tuple(other)) is None
 
     def _timed(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
         """Receive one timed loop; add the parent's own clock reading of it as ``parent_wall_s``."""
