@@ -84,11 +84,11 @@ def _empty_draws_first(monkeypatch, module, draws: int = ev.GHOST_DRAWS) -> None
     full = [s for s in range(64) if make_inputs(module, s)[0].shape[0] > 0][:2]
     real, ghost = ev.fresh_seed, Evaluator._ghost
 
-    def ghost_on_empty_draws_first(self, child, gpu, _draws=ev.GHOST_DRAWS):
+    def ghost_on_empty_draws_first(self, child, gpu, _draws=ev.GHOST_DRAWS, **kw):
         seeds = iter(empty + full)
         monkeypatch.setattr(ev, "fresh_seed", lambda: next(seeds))
         try:
-            return ghost(self, child, gpu, draws)
+            return ghost(self, child, gpu, draws, **kw)
         finally:
             monkeypatch.setattr(ev, "fresh_seed", real)
 
@@ -253,18 +253,43 @@ class ModelNew(Model):
 '''
 
 
-@pytest.mark.parametrize("scale, source, verdict", [("1e-4", LSE_KERNEL, Status.OK), ("1.0", LSE_KERNEL, Status.OK),
-                                                    ("1.0", LSE_CHEAT, Status.REJECTED)],
-                         ids=["nearly-constant-honest", "varying-honest", "varying-cheat"])
-def test_outputs_another_draw_passes_for_cannot_tell_a_kernel_from_none(scale, source, verdict, tmp_path):
+LOSS = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.mean((a - b) ** 2)
+
+
+def get_inputs():
+    return [torch.randn(2048, 2048), torch.randn(2048, 2048)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+LOSS_CHEAT = LSE_CHEAT.replace("def forward(self, x):", "def forward(self, a, b):").replace(
+    "super().forward(x)", "super().forward(a, b).reshape(1)").replace("return out", "return out.reshape(())")
+
+
+@pytest.mark.parametrize("problem_text, source, verdict", [
+    (_lse_problem("1e-4"), LSE_KERNEL.replace("SCALE", "1e-4"), Status.OK),
+    (_lse_problem("1.0"), LSE_KERNEL.replace("SCALE", "1.0"), Status.OK),
+    (_lse_problem("1.0"), LSE_CHEAT, Status.REJECTED),
+    (_lse_problem("1e-4"), LSE_CHEAT, Status.REJECTED),
+    (LOSS, LOSS_CHEAT, Status.REJECTED),
+], ids=["nearly-constant-honest", "varying-honest", "varying-cheat", "nearly-constant-cheat", "loss-cheat"])
+def test_an_earlier_output_left_in_memory_is_no_reason_to_reject(problem_text, source, verdict, tmp_path):
     """A logsumexp over 4096 values scaled by 1e-4 is log(4096) on every draw within the tolerance (KernelBench
-    level 2's Gemm_LogSumExp problem comes close): an honest kernel's last output, left where the ghost run finds
-    it, passes too, and the draw is skipped instead of failing the kernel. Over values that vary, the same kernel
-    passes the ghost run by being wrong without its kernel, and a kernel that does none of the work is rejected."""
-    path = tmp_path / "lse.py"
-    path.write_text(_lse_problem(scale))
+    level 2's Gemm_LogSumExp comes close): an honest kernel's last output, left where the ghost run finds it (here in
+    a buffer the kernel keeps), passes too, and that draw is skipped instead of failing the kernel. Outputs that are
+    right without the kernels for any other reason are not skipped: torch doing the work while a kernel only shows
+    up is rejected, on outputs that vary and on outputs that barely do (a mean squared error over 4M values)."""
+    path = tmp_path / "p.py"
+    path.write_text(problem_text)
     problem = load_problem(path, "cpu")
     config = EvalConfig(device="cpu", timeout_s=300, time_candidates=False)
-    cand = Candidate(_lse_problem(scale) + source.replace("SCALE", scale), proposer="manual")
-    result = Evaluator(problem, config, tmp_path / "work").evaluate(cand)
+    result = Evaluator(problem, config, tmp_path / "work").evaluate(Candidate(problem_text + source, proposer="manual"))
     assert result.status == verdict, f"{result.status.value}: {result.reason}\n{result.error[-800:]}"

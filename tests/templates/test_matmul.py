@@ -395,7 +395,8 @@ def test_split_tf32x3_is_offered_for_fp32_operands_and_verified_on_odd_shapes(tm
     (match,) = find_all(g)
     check(DualGemmTemplate(), match, g, [{"INPUT_PRECISION": SPLIT_TF32X3}])
     # bf16 operands: no fp32 modes at all; TF32 allowed: plain TF32 is faster, no split
-    assert "INPUT_PRECISION" not in gemm_space({"Bt": 1, "M": 33, "N": 20, "K": 70}, "tl.bfloat16", 1, split_operands=True)
+    assert "INPUT_PRECISION" not in gemm_space({"Bt": 1, "M": 33, "N": 20, "K": 70}, "tl.bfloat16", 1,
+                                               split_operands=True)
     assert SPLIT_TF32X3 not in gemm_space({"Bt": 1, "M": 33, "N": 20, "K": 70}, "tl.float32", 1, True, True)[
         "INPUT_PRECISION"]
 

@@ -263,26 +263,26 @@ class Evaluator:
         loaded = _expect(child, "loaded", send={"cmd": "load"})
         clock("load")
         details.update(load_s=loaded["load_s"], kernels=loaded["kernels"], weights=loaded["weights"])
-        outputs, last = None, 0
+        outputs, last, returned = None, 0, []
         for trial in range(self.config.trials):
             for shape in range(self.problem.n_shapes):
                 last = fresh_seed()
                 outputs = self._check_trial(child, "trial", shape, gpu, f"trial {trial + 1} shape {shape}", last,
-                                            details)
+                                            details, returned)
         # the re-call refills the buffers of the last trial, which used the last shape
         recall = self._same_shapes_seed(last, self.problem.n_shapes - 1, gpu)
         if recall is None:
             details["recall"] = "skipped: no draw with the last trial's input shapes was found"
         else:
             self._check_trial(child, "recall", self.problem.n_shapes - 1, gpu,
-                              "re-call with new values in the same input buffers", recall, details)
+                              "re-call with new values in the same input buffers", recall, details, returned)
         clock("trials")
         details["first_call_s"] = outputs.get("first_call_s") if outputs else None  # timing may refine it
         launches = outputs["launches"] if outputs else 0
         if cand.language == "triton" or loaded["kernels"]:
             if launches == 0:
                 raise _Verdict(Status.REJECTED, "defines Triton kernels but launched none of them")
-            self._ghost(child, gpu)
+            self._ghost(child, gpu, returned=returned)
             clock("ghost")
         timing_ = None
         interpreted = self.config.device == "cpu" and (cand.language == "triton" or bool(loaded["kernels"]))
@@ -329,7 +329,9 @@ class Evaluator:
         return reason
 
     def _check_trial(self, child: Child, cmd: str, shape: int, gpu: int | None, what: str,
-                     seed: int | None = None, details: dict[str, Any] | None = None) -> dict[str, Any]:
+                     seed: int | None = None, details: dict[str, Any] | None = None,
+                     fingerprints: list[tuple[int, ...] | None] | None = None) -> dict[str, Any]:
+        """One judged call on a fresh draw (``seed``); the bits of its outputs go into ``fingerprints`` if given."""
         seed = fresh_seed() if seed is None else seed
         header, blob, ref = self._output(child, {"cmd": cmd, "seed": seed, "shape": shape}, gpu)
         if details is not None:
@@ -338,35 +340,33 @@ class Evaluator:
         reason = self._compare(ref, outs, self._exact(seed, shape, gpu), details)
         if reason:
             raise _Verdict(Status.INCORRECT, f"{what}: {reason}")
+        if fingerprints is not None:
+            fingerprints.append(_fingerprint(outs[:len(self.problem.output_dtypes) or len(outs)]))
         return header
 
-    def _ghost(self, child: Child, gpu: int | None, draws: int = GHOST_DRAWS) -> None:
+    def _ghost(self, child: Child, gpu: int | None, draws: int = GHOST_DRAWS,
+               returned: list[tuple[int, ...] | None] | None = None) -> None:
         """With its Triton kernels disabled, the candidate must be wrong on the first informative fresh draw. A draw
         cannot tell an honest kernel from none, and is skipped, where its reference output is empty or all zeros (an
-        empty jagged batch needs no kernel at all), or where another draw's outputs pass for it (outputs that hardly
-        depend on the inputs, as a logsumexp over 8192 small values: an honest kernel's output of an earlier trial,
-        left in the memory the ghost run reuses, passes too). Up to ``draws`` draws; a problem whose draws are all
-        of those kinds passes the check."""
+        empty jagged batch needs no kernel at all), or where the ghost run's outputs are, bit for bit, outputs the
+        candidate returned earlier (``returned``: the judged calls' fingerprints) and still pass: an earlier call's
+        output left in the memory the ghost run reuses, right again for a problem whose outputs hardly depend on the
+        inputs (KernelBench's Gemm_LogSumExp). Up to ``draws`` draws; a problem whose draws are all of those kinds
+        passes the check. Outputs computed afresh some other way differ in their bits, and are rejected."""
         for _ in range(draws):
             header, blob, ref = self._output(child, {"cmd": "ghost", "seed": fresh_seed(), "shape": 0}, gpu)
             if header.get("ghost_error"):
                 return
-            if self._compare(ref, _load_tensors(header, blob, _device_of(ref))) is not None:
+            outs = _load_tensors(header, blob, _device_of(ref))
+            if self._compare(ref, outs) is not None:
                 return
             n = len(self.problem.output_dtypes) or len(ref)  # the outputs, not state or inputs
-            if _informative(ref[:n]) and not self._seed_free(ref[:n], gpu):
+            stale = returned is not None and (fp := _fingerprint(outs[:n])) is not None and fp in returned
+            if _informative(ref[:n]) and not stale:
                 break
         else:
             return
         raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
-
-    def _seed_free(self, outs: tuple, gpu: int | None) -> bool:
-        """Whether the reference outputs of another fresh draw pass for ``outs`` (other sizes: they do not). Where
-        the device had no room for that draw's reference, both are compared on the host."""
-        other = self._reference_with_room(fresh_seed(), 0, gpu)[:len(outs)]
-        if _device_of(other) != _device_of(outs):
-            outs, other = ([t.cpu() if isinstance(t, torch.Tensor) else t for t in x] for x in (outs, other))
-        return self._compare(tuple(outs), tuple(other)) is None
 
     def _timed(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
         """Receive one timed loop; add the parent's own clock reading of it as ``parent_wall_s``."""
@@ -524,6 +524,27 @@ def _note_peak(details: dict[str, Any], peak: Any) -> None:
     """Keep the largest device memory the child reported holding (informational: the child could misreport it)."""
     if isinstance(peak, int):
         details["peak_device_bytes"] = max(details.get("peak_device_bytes", 0), peak)
+
+
+def _fingerprint(outs: tuple, chunk: int = 1 << 24) -> tuple[int, ...] | None:
+    """The bits of ``outs`` in a few integers: two weighted sums of each tensor's elements read as integers of their
+    width, with its shape (equal bits give equal fingerprints; other bits, all but surely not). None for anything
+    other than plain tensors of 1, 2, 4 or 8 bytes an element."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    fp: list[int] = []
+    for t in outs:
+        if type(t) is not torch.Tensor or t.element_size() not in ints or t.is_complex():
+            return None
+        flat = t.detach().contiguous().reshape(-1)
+        bits = flat.view(ints[flat.element_size()]) if flat.dtype != torch.bool else flat.to(torch.uint8)
+        plain = weighted = torch.zeros((), dtype=torch.int64, device=t.device)
+        for i in range(0, bits.numel(), chunk):
+            part = bits[i:i + chunk].to(torch.int64)
+            plain = plain + part.sum()
+            w = torch.arange(i, i + part.numel(), device=t.device, dtype=torch.int64) % 65521 + 1
+            weighted = weighted + (part * w).sum()
+        fp += [*t.shape, int(plain), int(weighted)]
+    return tuple(fp)
 
 
 def _informative(ref: tuple) -> bool:

@@ -6,9 +6,9 @@ from typing import Any
 
 from kernelevolve.templates.base import HopelessConfig, Match
 from kernelevolve.templates.graphutil import pow2
-from kernelevolve.templates.matmul.kernels import (SPLIT_MODES, SPLIT_TF32X3, SPLIT_TF32X3_FP32SUM, _precision, gemm_kernel, reduce_kernel, sms_text,
-                                                   split_text, streamk_fixup, streamk_kernel, tma_helpers, tma_kernel,
-                                                   upcast_flag)
+from kernelevolve.templates.matmul.kernels import (SPLIT_MODES, SPLIT_TF32X3, SPLIT_TF32X3_FP32SUM, _precision,
+                                                   gemm_kernel, reduce_kernel, sms_text, split_text, streamk_fixup,
+                                                   streamk_kernel, tma_helpers, tma_kernel, upcast_flag)
 
 SMEM_BYTES = 200 * 1024  # H100/H200 allow 227 KB per block; the rest is left to the epilogue's layout conversion
 REDUCE_BLOCK = (32, 128)

@@ -124,8 +124,9 @@ def _fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, sums: int
     while sums and bm > 16 and (1 + sums) * bm * bn > ACC_PER_THREAD * 32 * warps:
         bm //= 2
     if (1 + sums) * bm * bn > ACC_PER_THREAD * 32 * warps:
-        raise HopelessConfig(f"a {bm} x {bn} product tile on {warps} warps holds {bm * bn // (32 * warps)} "
-                             "accumulators per thread")
+        per_thread = (1 + sums) * bm * bn // (32 * warps)
+        raise HopelessConfig(f"a {bm} x {bn} product tile on {warps} warps holds {per_thread} accumulators and "
+                             "partial sums per thread")
     while stages > 2 and stages * (bm + bn) * bk * itemsize > SMEM_BYTES:
         stages -= 1
     while bk > 16 and stages * (bm + bn) * bk * itemsize > SMEM_BYTES:
