@@ -263,7 +263,8 @@ class Evaluator:
         loaded = _expect(child, "loaded", send={"cmd": "load"})
         clock("load")
         details.update(load_s=loaded["load_s"], kernels=loaded["kernels"], weights=loaded["weights"])
-        outputs, last, returned = None, 0, []
+        ghost = cand.language == "triton" or bool(loaded["kernels"])
+        outputs, last, returned = None, 0, [] if ghost else None  # the fingerprints only the ghost run reads
         for trial in range(self.config.trials):
             for shape in range(self.problem.n_shapes):
                 last = fresh_seed()
@@ -279,7 +280,7 @@ class Evaluator:
         clock("trials")
         details["first_call_s"] = outputs.get("first_call_s") if outputs else None  # timing may refine it
         launches = outputs["launches"] if outputs else 0
-        if cand.language == "triton" or loaded["kernels"]:
+        if ghost:
             if launches == 0:
                 raise _Verdict(Status.REJECTED, "defines Triton kernels but launched none of them")
             self._ghost(child, gpu, returned=returned)
