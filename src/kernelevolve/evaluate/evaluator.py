@@ -263,8 +263,8 @@ class Evaluator:
         loaded = _expect(child, "loaded", send={"cmd": "load"})
         clock("load")
         details.update(load_s=loaded["load_s"], kernels=loaded["kernels"], weights=loaded["weights"])
-        ghost = cand.language == "triton" or bool(loaded["kernels"])
-        outputs, last, returned = None, 0, [] if ghost else None  # the fingerprints only the ghost run reads
+        own_kernels = cand.language == "triton" or bool(loaded["kernels"])
+        outputs, last, returned = None, 0, [] if own_kernels else None  # the fingerprints only the ghost run reads
         for trial in range(self.config.trials):
             for shape in range(self.problem.n_shapes):
                 last = fresh_seed()
@@ -280,13 +280,13 @@ class Evaluator:
         clock("trials")
         details["first_call_s"] = outputs.get("first_call_s") if outputs else None  # timing may refine it
         launches = outputs["launches"] if outputs else 0
-        if ghost:
+        if own_kernels:
             if launches == 0:
                 raise _Verdict(Status.REJECTED, "defines Triton kernels but launched none of them")
             self._ghost(child, gpu, returned=returned)
             clock("ghost")
         timing_ = None
-        interpreted = self.config.device == "cpu" and (cand.language == "triton" or bool(loaded["kernels"]))
+        interpreted = self.config.device == "cpu" and own_kernels
         if self.config.time_candidates and not interpreted:
             timing_ = self._time(child, details, gpu)
             clock("timing")
@@ -528,23 +528,21 @@ def _note_peak(details: dict[str, Any], peak: Any) -> None:
 
 
 def _fingerprint(outs: tuple, chunk: int = 1 << 24) -> tuple[int, ...] | None:
-    """The bits of ``outs`` in a few integers: two weighted sums of each tensor's elements read as integers of their
-    width, with its shape (equal bits give equal fingerprints; other bits, all but surely not). None for anything
-    other than plain tensors of 1, 2, 4 or 8 bytes an element."""
+    """The bits of ``outs`` in a few integers: each tensor's shape and a position-weighted sum of its elements read
+    as integers of their width (equal bits give equal fingerprints; other bits, all but surely not). None for
+    anything other than plain tensors of 1, 2, 4 or 8 bytes an element."""
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
     fp: list[int] = []
     for t in outs:
-        if type(t) is not torch.Tensor or t.element_size() not in ints or t.is_complex():
+        if type(t) is not torch.Tensor or t.element_size() not in ints:
             return None
-        flat = t.detach().contiguous().reshape(-1)
-        bits = flat.view(ints[flat.element_size()]) if flat.dtype != torch.bool else flat.to(torch.uint8)
-        plain = weighted = torch.zeros((), dtype=torch.int64, device=t.device)
+        bits = t.detach().contiguous().reshape(-1).view(ints[t.element_size()])
+        weights = torch.arange(1, min(chunk, bits.numel()) + 1, device=t.device, dtype=torch.int64)
+        total = 0
         for i in range(0, bits.numel(), chunk):
             part = bits[i:i + chunk].to(torch.int64)
-            plain = plain + part.sum()
-            w = torch.arange(i, i + part.numel(), device=t.device, dtype=torch.int64) % 65521 + 1
-            weighted = weighted + (part * w).sum()
-        fp += [*t.shape, int(plain), int(weighted)]
+            total = total * 1000003 + int((part * weights[:part.numel()]).sum())
+        fp += [*t.shape, total]
     return tuple(fp)
 
 

@@ -76,8 +76,8 @@ def cpu_share(before: tuple[float, ...] | None, after: tuple[float, ...] | None,
     """Between two _cpu_mark readings ``wall_s`` apart: ``busy_cores``, the machine's cores busy on average (this
     process's included, so never less than ``self_cpu``), ``self_cpu``, this process's CPU time over the wall time
     (about 1 while one thread launches and waits on the device, less when it was made to wait for a core, more where
-    its own threads run torch's CPU ops in parallel), and ``preempted``, how many times the system took a core from it. Empty where a reading is
-    missing. Only read, never judged: the loop's own timing decides."""
+    its own threads run torch's CPU ops in parallel), and ``preempted``, how many times the system took a core from
+    it. Empty where a reading is missing. Only read, never judged: the loop's own timing decides."""
     if before is None or after is None or wall_s <= 0:
         return {}
     cpu_s, switches, busy, total = (b - a for a, b in zip(before, after))
