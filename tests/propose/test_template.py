@@ -190,3 +190,33 @@ def test_each_tensor_core_fp32_mode_is_seeded_once(tmp_path, allow_tf32):
     else:
         assert {"tf32x3", SPLIT_TF32X3} <= seeded
         assert any(label.endswith(f"INPUT_PRECISION={SPLIT_TF32X3}") for label in modes)
+
+
+def test_a_tensor_core_mode_is_seeded_in_every_fp32_gemm_at_once(tmp_path):
+    """The three cross layers of a DCN (three regions) get each tensor-core mode in one seed, all three at once: one
+    layer left on the FMA dot sets the pace of the whole problem."""
+    from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
+    from tests.benchsuite import load_suite
+
+    suite = load_suite()
+    path = suite.write_small_copy(suite.PROBLEMS / "dcn_v2_cross_fp32.py", tmp_path)
+    cands = TemplateProposer("cpu", seed=0).propose(_ctx(load_problem(path)), 3)
+    modes = {c.meta["label"]: [cfg["config"].get("INPUT_PRECISION") for cfg in c.meta["configs"]] for c in cands}
+    assert modes == {"defaults": ["ieee"] * 3, "prior dcn_cross INPUT_PRECISION": ["tf32x3"] * 3,
+                     f"prior dcn_cross INPUT_PRECISION={SPLIT_TF32X3}": [SPLIT_TF32X3] * 3}, modes
+
+
+def test_a_tensor_core_mode_starts_from_a_tile_of_64_rows(tmp_path):
+    """The FMA dot's default tile on a 256 x 256 product over a 65536-long reduction is 32 x 32, which puts TF32
+    products on mma.sync; the tensor-core seeds start from 64 x 64 (Hopper's warpgroup MMA), split-K no lower."""
+    from tests.benchsuite import load_suite
+
+    suite = load_suite()
+    cands = TemplateProposer("cpu", seed=0).propose(_ctx(load_problem(suite.PROBLEMS / "gemm" / "matmul_long_k_fp32.py")),
+                                                   4)
+    configs = {c.meta["label"]: c.meta["configs"][0]["config"] for c in cands}
+    default = configs.pop("defaults")
+    assert (default["BLOCK_M"], default["BLOCK_N"], default["INPUT_PRECISION"]) == (32, 32, "ieee"), default
+    assert len(configs) == 3 and all(c["INPUT_PRECISION"] != "ieee" for c in configs.values()), configs
+    for label, cfg in configs.items():
+        assert cfg["BLOCK_M"] >= 64 and cfg["BLOCK_N"] >= 64 and cfg["SPLIT_K"] >= default["SPLIT_K"], (label, cfg)

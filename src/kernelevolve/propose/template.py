@@ -187,17 +187,13 @@ class TemplateProposer:
                     g[r.key] = dict(r.default(), **cfg)
             if g != base:
                 seeds.append(("experience", g))
+        seeds += _precision_seeds(plan, base)
         bound = ctx.profile.bound if ctx.profile else None
         for r in plan.regions:  # the prior: second values of the knobs the bound class cares about first
             for knob in _prior_knobs(bound, r.space):
-                if len(r.space[knob]) > 1:
+                if knob != "INPUT_PRECISION" and len(r.space[knob]) > 1:
                     varied = dict(base[r.key], **{knob: r.space[knob][1]})
                     seeds.append((f"prior {r.match.kind} {knob}", dict(base, **{r.key: varied})))
-                # each tensor-core fp32 product mode is worth one try: which is fastest depends on the shape and the
-                # Triton (the exact FMA dot, where it is not the default, is the slowest)
-                for value in [v for v in r.space[knob][2:] if v != "ieee"] if knob == "INPUT_PRECISION" else []:
-                    varied = dict(base[r.key], **{knob: value})
-                    seeds.append((f"prior {r.match.kind} {knob}={value}", dict(base, **{r.key: varied})))
         return seeds
 
     def _mutate(self, plan: Plan, genome: Genome) -> tuple[str, Genome]:
@@ -290,6 +286,33 @@ def _ranked(nodes: list[Any]) -> list[Any]:
 
     timed = sorted((n for n in nodes if ms(n) is not None), key=ms)
     return timed or [n for n in nodes if n.ok or (n.result is None and n.screen is not None and n.screen.ok)]
+
+
+def _precision_seeds(plan: Plan, base: Genome) -> list[tuple[str, Genome]]:
+    """One seed for each tensor-core fp32 product mode (the exact FMA dot, where it is not the default, is the
+    slowest), in every region that offers it at once: the fp32 GEMMs of one problem share its tolerance, and a
+    problem with one GEMM left on the FMA dot (a SwiGLU's down projection, two of a DCN's three cross layers) runs at
+    that GEMM's pace whatever the others do. Which mode is fastest depends on the shape and the Triton."""
+    regions = [r for r in plan.regions if len(r.space.get("INPUT_PRECISION", ())) > 1]
+    modes: list[str] = []
+    for r in regions:
+        modes += [v for v in r.space["INPUT_PRECISION"][1:] if v != "ieee" and v not in modes]
+    seeds = []
+    for mode in modes:
+        having = [r for r in regions if mode in r.space["INPUT_PRECISION"]]
+        genome = dict(base, **{r.key: dict(base[r.key], **_tensor_core_prior(r, mode), INPUT_PRECISION=mode)
+                               for r in having})
+        kinds = "+".join(dict.fromkeys(r.match.kind for r in having))
+        second = all(r.space["INPUT_PRECISION"][1] == mode for r in having)
+        seeds.append((f"prior {kinds} INPUT_PRECISION" + ("" if second else f"={mode}"), genome))
+    return seeds
+
+
+def _tensor_core_prior(r: Region, mode: str) -> dict[str, Any]:
+    """The knobs a region's template sets for a tensor-core fp32 mode (its tile, where the defaults serve the exact
+    FMA dot), or none."""
+    hook = getattr(r.template, "tensor_core_prior", None)
+    return {} if mode == "ieee" or hook is None else hook(r.match, r.space)
 
 
 def _prior_knobs(bound: str | None, space: dict[str, list[Any]]) -> list[str]:

@@ -10,7 +10,8 @@ from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, region_io,
 from kernelevolve.templates.base import Match, claim_each, make_match
 from kernelevolve.templates.matmul.kernels import _precision, fused_kernel, upcast_flag
 from kernelevolve.templates.matmul.launch import (KNOBS, _first, _itemsize, fit_fused, fused_launcher, gemm_space,
-                                                  launcher_text, precisions, prep_text, render_gemm, splittable)
+                                                  launcher_text, precisions, prep_text, render_gemm, splittable,
+                                                  tensor_core_prior)
 from kernelevolve.templates.matmul.operands import (CASTS, SPLITS, VIEWS, _chainable, _keeps_order, _numel,
                                                     feeding_casts, gemm_parts, grow, is_gemm, operand)
 from kernelevolve.templates.matmul.stage import Head, StageBuilder, finish, single
@@ -45,6 +46,13 @@ class MatmulTemplate:
     def space(self, match: Match, device: str) -> dict[str, list[Any]]:
         st = match.spec["stages"][0]
         return gemm_space(st["sizes"], st["dot"], len(st["bs"]), match.spec.get("allow_tf32", False), splittable(st))
+
+    def tensor_core_prior(self, match: Match, space: dict[str, list[Any]]) -> dict[str, Any]:
+        """Knobs a tensor-core fp32 mode starts from, where the defaults serve the exact FMA dot."""
+        st = match.spec["stages"][0]
+        if st["dot"] != "tl.float32" or match.spec.get("allow_tf32", False):
+            return {}
+        return tensor_core_prior(st["sizes"], len(st["bs"]), space)
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
         config = {**{k: v[0] for k, v in self.space(match, "cuda").items()}, **config}

@@ -13,6 +13,7 @@ from kernelevolve.templates.matmul.kernels import (SPLIT_MODES, SPLIT_TF32X3, SP
 SMEM_BYTES = 200 * 1024  # H100/H200 allow 227 KB per block; the rest is left to the epilogue's layout conversion
 REDUCE_BLOCK = (32, 128)
 SMS = 132
+WGMMA_ROWS = 64  # rows of one warpgroup's MMA on Hopper
 IEEE_LONG = 8192  # a reduction longer than this is split for accuracy under the FMA dot (see gemm_space)
 IEEE_RUN = 2048  # products one FMA running sum then takes by default, at most
 MAX_IEEE_SPLIT = 32
@@ -92,15 +93,7 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
                split_operands: bool = False) -> dict[str, list[Any]]:
     m, n, k, bt = sizes["M"], sizes["N"], sizes["K"], sizes["Bt"]
     ieee = dot == "tl.float32" and not allow_tf32
-    tiles = [(128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32)][n_b > 1 or ieee:]
-    fitting = [(bm, bn) for bm, bn in tiles if bm <= max(32, pow2(m)) and bn <= max(32, pow2(n))]
-    count = lambda t: bt * -(-m // t[0]) * -(-n // t[1])  # noqa: E731
-    # the largest tile that still gives two waves over the 132 SMs of an H100/H200 (a 4096x1024x1024 bf16 GEMM:
-    # 64x128 tiles 0.030 ms, 128x128 0.060 ms)
-    bm, bn = next((t for t in fitting if count(t) >= 2 * SMS), fitting[-1])
-    split = 1
-    while split < 8 and count((bm, bn)) * split < SMS and k // (split * 2) >= 256:
-        split *= 2
+    bm, bn, split = _tile(sizes, n_b, ieee)
     # The FMA dot sums its products one after another into one fp32 running sum per output: on a long reduction
     # that lands further from the float64 result than cuBLAS's blocked sums, by more than the judge allows on the
     # outputs near zero (K = 65536 on the H200: every FMA configuration with fewer than 8 splits failed, and some
@@ -122,13 +115,41 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
         # "tma": the persistent kernel reading through tensor descriptors (Hopper's TMA); where an operand's layout
         # does not allow it, the launcher runs the tile kernel instead. It takes K whole, unsplit.
         schedules.append("tma")
-    if count((bm, bn)) < 2 * SMS:
+    if bt * -(-m // bm) * -(-n // bn) < 2 * SMS:
         # "streamk": fewer tiles than two waves, where a split into equal runs over all SMs beats a power-of-two
         # split-K (a long-K skinny product, a last wave a quarter full); its runs stay within IEEE_RUN under the FMA dot
         schedules.append("streamk")
     if len(schedules) > 1:
         space["SCHEDULE"] = schedules
     return {**space, "INPUT_PRECISION": precisions(dot, allow_tf32, split_operands, k)} if dot == "tl.float32" else space
+
+
+def _tile(sizes: dict[str, int], n_b: int, ieee: bool, tensor_cores: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, SPLIT_K) of a default configuration. ``tensor_cores``: no tile under 64 rows where the
+    rows allow it (Hopper's warpgroup MMA takes 64 rows a warpgroup; Triton runs a thinner tile on mma.sync)."""
+    m, n, k, bt = sizes["M"], sizes["N"], sizes["K"], sizes["Bt"]
+    tiles = [(128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32)][n_b > 1 or ieee:]
+    fitting = [(bm, bn) for bm, bn in tiles if bm <= max(32, pow2(m)) and bn <= max(32, pow2(n))]
+    if tensor_cores:
+        fitting = [t for t in fitting if t[0] >= WGMMA_ROWS] or fitting
+    count = lambda t: bt * -(-m // t[0]) * -(-n // t[1])  # noqa: E731
+    # the largest tile that still gives two waves over the 132 SMs of an H100/H200 (a 4096x1024x1024 bf16 GEMM:
+    # 64x128 tiles 0.030 ms, 128x128 0.060 ms)
+    bm, bn = next((t for t in fitting if count(t) >= 2 * SMS), fitting[-1])
+    split = 1
+    while split < 8 and count((bm, bn)) * split < SMS and k // (split * 2) >= 256:
+        split *= 2
+    return bm, bn, split
+
+
+def tensor_core_prior(sizes: dict[str, int], n_b: int, space: dict[str, list[Any]]) -> dict[str, Any]:
+    """The tile a tensor-core fp32 mode (tf32x3, the split modes) starts from where the defaults serve the exact FMA
+    dot: the FMA dot's smallest tiles (32 x 32 on a 256 x 256 product) would put those modes on mma.sync. Split-K no
+    lower than the default's, whose runs bound the running sums on a long reduction; values ``space`` offers only."""
+    bm, bn, split = _tile(sizes, n_b, ieee=False, tensor_cores=True)
+    prior = {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": max(split, space.get("SPLIT_K", [1])[0]),
+             "num_warps": 8 if n_b * bm * bn >= 128 * 256 else 4}
+    return {key: v for key, v in prior.items() if v in space.get(key, ()) and v != space[key][0]}
 
 
 def has_tma() -> bool:

@@ -17,8 +17,8 @@ from kernelevolve.templates.base import HopelessConfig, Match, make_match
 from kernelevolve.templates.graphutil import pow2
 from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3_FP32SUM, _epilogue, _indent, _k_steps, _precision, \
     split_text, upcast_flag
-from kernelevolve.templates.matmul.launch import IEEE_LONG, SMEM_BYTES, SMS, _first, _itemsize, _launch_strides, \
-    precisions, prep_text, split_mode, splittable
+from kernelevolve.templates.matmul.launch import IEEE_LONG, SMEM_BYTES, SMS, WGMMA_ROWS, _first, _itemsize, \
+    _launch_strides, precisions, prep_text, split_mode, splittable
 from kernelevolve.templates.matmul.operands import gemm_parts, is_gemm, operand
 from kernelevolve.templates.matmul.stage import Head, StageBuilder
 from kernelevolve.templates.rowreduce.codegen import _Gen, _store
@@ -30,6 +30,15 @@ MIN_ROWS = 1024  # fewer rows leave most SMs idle with one program per BLOCK_M r
 ROW_VIEWS = ("view", "_unsafe_view", "reshape")
 # fp32 accumulator values a thread holds at most: the reduction's temporaries (the exp of the row, say) need room too
 ACC_PER_THREAD = 64
+# Hopper's warpgroup MMA (wgmma) takes 64 rows a warpgroup; a thinner tile falls back to mma.sync, at about half the
+# tensor-core rate. A 64-row tile may hold twice the budget to get there: at 64 x 512 on 8 warps, softmax and logsumexp,
+# fp32 (tf32x3, split) and bf16 compile for sm_90 to wgmma in at most 255 registers, none spilled.
+ACC_WGMMA = 128
+
+
+def acc_budget(block_m: int) -> int:
+    """Accumulator values a thread may hold with a tile of ``block_m`` rows."""
+    return ACC_WGMMA if block_m == WGMMA_ROWS else ACC_PER_THREAD
 
 
 class GemmReduceTemplate:
@@ -84,7 +93,7 @@ class GemmReduceTemplate:
         st = match.spec["stages"][0]
         m, k = st["sizes"]["M"], st["sizes"]["K"]
         bn = max(16, pow2(st["sizes"]["N"]))
-        fits = [bm for bm in (128, 64, 32, 16) if bm * bn <= ACC_PER_THREAD * 32 * 8]
+        fits = [bm for bm in (128, 64, 32, 16) if bm * bn <= acc_budget(bm) * 32 * 8]
         # the largest block of rows that still gives every SM a program, with 8 warps at the tile's register budget
         bm = next((x for x in fits if -(-m // x) >= SMS), fits[-1])
         ieee = st["dot"] == "tl.float32"
@@ -121,9 +130,9 @@ def _fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, sums: int
     bm = min(config["BLOCK_M"], max(16, pow2(sizes["M"])))
     bk = min(config["BLOCK_K"], max(16, pow2(sizes["K"])))
     warps, stages = config["num_warps"], config["num_stages"]
-    while sums and bm > 16 and (1 + sums) * bm * bn > ACC_PER_THREAD * 32 * warps:
+    while sums and bm > 16 and (1 + sums) * bm * bn > acc_budget(bm) * 32 * warps:
         bm //= 2
-    if (1 + sums) * bm * bn > ACC_PER_THREAD * 32 * warps:
+    if (1 + sums) * bm * bn > acc_budget(bm) * 32 * warps:
         per_thread = (1 + sums) * bm * bn // (32 * warps)
         raise HopelessConfig(f"a {bm} x {bn} product tile on {warps} warps holds {per_thread} accumulators and "
                              "partial sums per thread")
