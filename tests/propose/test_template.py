@@ -220,3 +220,46 @@ def test_a_tensor_core_mode_starts_from_a_tile_of_64_rows(tmp_path):
     assert len(configs) == 3 and all(c["INPUT_PRECISION"] != "ieee" for c in configs.values()), configs
     for label, cfg in configs.items():
         assert cfg["BLOCK_M"] >= 64 and cfg["BLOCK_N"] >= 64 and cfg["SPLIT_K"] >= default["SPLIT_K"], (label, cfg)
+
+
+BUFFERED = """
+import torch, torch.nn as nn
+class Inner(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.register_buffer("shift", torch.randn(d))
+class Model(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.blocks = nn.ModuleList([Inner(d)])
+    def forward(self, x):
+        b = self.blocks[0]
+        return b.ln(x) * 1.5 + b.shift
+def get_inputs(): return [torch.randn(6, 40)]
+def get_init_inputs(): return [40]
+"""
+
+
+def test_the_forward_reads_nested_parameters_and_buffers_afresh_on_every_call(tmp_path):
+    """The candidate's forward looks its state up by name on every call: parameters and buffers of nested modules
+    (a ModuleList in the path), and a parameter or buffer replaced after construction is the one used."""
+    path = tmp_path / "buffered.py"
+    path.write_text(textwrap.dedent(BUFFERED))
+    problem = load_problem(path)
+    (cand,) = TemplateProposer("cpu", seed=0).propose(_ctx(problem), 1)
+    assert cand.meta["regions"], cand.meta
+    x = torch.randn(6, 40)
+    got, want = _run(cand.source, problem, [x])
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    module = import_module_from_path(problem.path, "ref_buffered")
+    ref = build_model(module, "Model", 0)
+    new = load_source(cand.source, "cand_buffered").ModelNew(*module.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
+    for m in (ref, new):  # new objects, not new values in the old ones
+        m.blocks[0].ln.weight = torch.nn.Parameter(torch.full((40,), 3.0))
+        m.blocks[0].shift = torch.full((40,), -2.0)
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)

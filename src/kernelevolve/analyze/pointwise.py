@@ -130,6 +130,10 @@ def _fmod(a, b):
 @triton.jit
 def _atan2(a, b):
     return libdevice.atan2(a, b)
+
+
+def _cdiv(a, b):
+    return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
 '''
 # The import the prelude needs, placed with the candidate file's imports.
 PRELUDE_IMPORTS = "from triton.language.extra import libdevice"

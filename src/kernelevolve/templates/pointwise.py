@@ -152,7 +152,7 @@ def {name}({ins}):
     _dev = {"in0.device" if match.inputs else "torch.device('cuda')"}
     {"".join(f"in{k} = in{k}.contiguous(); " for k in range(len(match.inputs)))}
     outs = ({", ".join(outs)},)
-    {name}_kernel[(triton.cdiv({numel}, {block}),)]({ins}{", " if ins else ""}*outs, BLOCK={block},
+    {name}_kernel[(_cdiv({numel}, {block}),)]({ins}{", " if ins else ""}*outs, BLOCK={block},
         num_warps={config["num_warps"]})
     return outs
 '''

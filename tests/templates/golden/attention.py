@@ -32,6 +32,10 @@ def _atan2(a, b):
     return libdevice.atan2(a, b)
 
 
+def _cdiv(a, b):
+    return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
+
+
 def k0_attention_layout(x, z, m, k):
     """(n1, n2, s0, s1, s2, sm, sk): ``x`` read as [z, m, k], z split over three strided dims; None if it cannot."""
     dims = [(s, st) for s, st in zip(x.shape, x.stride()) if s != 1]
@@ -180,7 +184,7 @@ def k0_attention(*inputs):
     v = torch.ops.aten.expand.default(v, [1, 2, 37, 16])
     v, v_lay = k0_attention_operand(v, 2, 37, 16)
     out = torch.empty([1, 2, 37, 16], device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(37, 64) * 2,)
+    grid = (_cdiv(37, 64) * 2,)
     k0_attention_kernel[grid](
         q, k, v, out, 37, 37, 16, 16, *q_lay, *k_lay, *v_lay, *(1, 2, 0, 0, 592, 16, 1),
         BLOCK_M=64, BLOCK_N=64, BLOCK_D=16, BLOCK_DV=16,
@@ -210,12 +214,18 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 3 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _state = dict(self.named_parameters())
-        _state.update(dict(self.named_buffers()))
-        _s = [_state[k] for k in []]
+        _s = [_kernelevolve_state(self, k) for k in []]
         _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_permute_2, = k0_attention(args[0], args[1], args[2])
         return v_permute_2
+
+
+def _kernelevolve_state(module, name):
+    *path, leaf = name.split(".")  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in path:
+        module = module._modules[part]
+    found = module._parameters.get(leaf)
+    return module._buffers[leaf] if found is None else found
 
 
 def _kernelevolve_shapes_match(args):

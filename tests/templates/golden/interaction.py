@@ -32,6 +32,10 @@ def _atan2(a, b):
     return libdevice.atan2(a, b)
 
 
+def _cdiv(a, b):
+    return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
+
+
 k0_interaction_FLAT = [16, 32, 33, 48, 49, 50, 64, 65, 66, 67, 80, 81, 82, 83, 84]
 
 @triton.jit
@@ -73,7 +77,7 @@ def k0_interaction(*inputs):
     pos = k0_interaction_cache.get(out.device)
     if pos is None:
         pos = k0_interaction_cache[out.device] = torch.tensor(k0_interaction_FLAT, dtype=torch.int32, device=out.device)
-    grid = (triton.cdiv(B, 1),)
+    grid = (_cdiv(B, 1),)
     k0_interaction_kernel[grid](f0, f0.stride(0), f0.stride(1), f1, f1.stride(0), f1.stride(1), pos, inputs[0], inputs[0].stride(0), inputs[0].stride(1), out, B, 16, out.stride(0),
         BLOCK_B=1, F=6, F_PAD=16, BLOCK_K=16, P=15, P_PAD=16,
         num_warps=4, num_stages=2)
@@ -104,12 +108,18 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 2 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _state = dict(self.named_parameters())
-        _state.update(dict(self.named_buffers()))
-        _s = [_state[k] for k in []]
+        _s = [_kernelevolve_state(self, k) for k in []]
         _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_cat_1, = k0_interaction(args[0], args[1])
         return v_cat_1
+
+
+def _kernelevolve_state(module, name):
+    *path, leaf = name.split(".")  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in path:
+        module = module._modules[part]
+    found = module._parameters.get(leaf)
+    return module._buffers[leaf] if found is None else found
 
 
 def _kernelevolve_shapes_match(args):

@@ -32,6 +32,10 @@ def _atan2(a, b):
     return libdevice.atan2(a, b)
 
 
+def _cdiv(a, b):
+    return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
+
+
 @triton.jit
 def k0_matmul_reduction_kernel(a_ptr, b0_ptr, s0_e0_ptr, out0_ptr, M, N, K, s_am, s_ak, s_b0k, s_b0n, s0_e0_sn,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -90,7 +94,7 @@ def k0_matmul_reduction(*inputs):
         raise ValueError(f'k0_matmul_reduction: cannot multiply {tuple(a.shape)} by {tuple(b0.shape)}')
     e, _, _ = k0_matmul_reduction_s0_prep(1, M, N, a.device, x_arg0_1, x_arg0_2, x_arg1_1)
     outs = (torch.empty([1030, 33], dtype=torch.float32, device=a.device),)
-    k0_matmul_reduction_kernel[(triton.cdiv(M, 16),)](a, b0, *e, *outs, M, N, K, *a.stride(), *b0.stride(), e[0].stride(2), 
+    k0_matmul_reduction_kernel[(_cdiv(M, 16),)](a, b0, *e, *outs, M, N, K, *a.stride(), *b0.stride(), e[0].stride(2), 
         BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, BLOCK_R=16, BLOCK_C=64, EVEN_K=K % 32 == 0,
         UPCAST=k0_matmul_reduction_UPCAST, num_warps=8, num_stages=3)
     return outs
@@ -120,12 +124,18 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 1 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _state = dict(self.named_parameters())
-        _state.update(dict(self.named_buffers()))
-        _s = [_state[k] for k in ['gate.weight', 'gate.bias']]
+        _s = [_kernelevolve_state(self, k) for k in ['gate.weight', 'gate.bias']]
         _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_div, = k0_matmul_reduction(_s[0], _s[1], args[0])
         return v_div
+
+
+def _kernelevolve_state(module, name):
+    *path, leaf = name.split(".")  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in path:
+        module = module._modules[part]
+    found = module._parameters.get(leaf)
+    return module._buffers[leaf] if found is None else found
 
 
 def _kernelevolve_shapes_match(args):

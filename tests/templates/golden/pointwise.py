@@ -32,6 +32,10 @@ def _atan2(a, b):
     return libdevice.atan2(a, b)
 
 
+def _cdiv(a, b):
+    return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
+
+
 @triton.jit
 def k0_pointwise_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -49,7 +53,7 @@ def k0_pointwise(in0, in1, in2):
     _dev = in0.device
     in0 = in0.contiguous(); in1 = in1.contiguous(); in2 = in2.contiguous(); 
     outs = (torch.empty([33, 40], dtype=torch.float32, device=_dev),)
-    k0_pointwise_kernel[(triton.cdiv(1320, 1024),)](in0, in1, in2, *outs, BLOCK=1024,
+    k0_pointwise_kernel[(_cdiv(1320, 1024),)](in0, in1, in2, *outs, BLOCK=1024,
         num_warps=4)
     return outs
 
@@ -75,12 +79,18 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 3 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _state = dict(self.named_parameters())
-        _state.update(dict(self.named_buffers()))
-        _s = [_state[k] for k in []]
+        _s = [_kernelevolve_state(self, k) for k in []]
         _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_add, = k0_pointwise(args[1], args[0], args[2])
         return v_add
+
+
+def _kernelevolve_state(module, name):
+    *path, leaf = name.split(".")  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in path:
+        module = module._modules[part]
+    found = module._parameters.get(leaf)
+    return module._buffers[leaf] if found is None else found
 
 
 def _kernelevolve_shapes_match(args):

@@ -32,6 +32,10 @@ def _atan2(a, b):
     return libdevice.atan2(a, b)
 
 
+def _cdiv(a, b):
+    return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
+
+
 @triton.jit
 def k0_row_reduction_kernel(in0_ptr, out0_ptr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
@@ -53,7 +57,7 @@ def k0_row_reduction(x0):
     _dev = x0.device
     x0 = x0.contiguous()
     outs = (torch.empty([17, 300], dtype=torch.float32, device=_dev),)
-    k0_row_reduction_kernel[(triton.cdiv(17, 16), 1)](x0, *outs, BLOCK_R=16, BLOCK_C=512,
+    k0_row_reduction_kernel[(_cdiv(17, 16), 1)](x0, *outs, BLOCK_R=16, BLOCK_C=512,
         num_warps=8, num_stages=1)
     return outs
 
@@ -79,12 +83,18 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 1 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _state = dict(self.named_parameters())
-        _state.update(dict(self.named_buffers()))
-        _s = [_state[k] for k in []]
+        _s = [_kernelevolve_state(self, k) for k in []]
         _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_div, = k0_row_reduction(args[0])
         return v_div
+
+
+def _kernelevolve_state(module, name):
+    *path, leaf = name.split(".")  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in path:
+        module = module._modules[part]
+    found = module._parameters.get(leaf)
+    return module._buffers[leaf] if found is None else found
 
 
 def _kernelevolve_shapes_match(args):

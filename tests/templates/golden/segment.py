@@ -32,6 +32,10 @@ def _atan2(a, b):
     return libdevice.atan2(a, b)
 
 
+def _cdiv(a, b):
+    return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
+
+
 @triton.jit
 def k0_segment_kernel(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, stride_d,
         BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
@@ -70,7 +74,7 @@ def k0_segment(*inputs):
     D = src.shape[1]
     outs = [torch.empty((S, D,), dtype=dt, device=src.device) for dt in (torch.float32, )]
     if S > 0 and D > 0:
-        grid = (S, triton.cdiv(D, 32))
+        grid = (S, _cdiv(D, 32))
         k0_segment_kernel[grid](src, idx, bnd, bnd.numel(), outs[0], N, D, src.stride(0), src.stride(1),
             BLOCK_L=16, BLOCK_D=32, EVEN_D=D % 32 == 0,
             num_warps=4, num_stages=1)
@@ -104,12 +108,18 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 2 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _state = dict(self.named_parameters())
-        _state.update(dict(self.named_buffers()))
-        _s = [_state[k] for k in ['emb.weight']]
+        _s = [_kernelevolve_state(self, k) for k in ['emb.weight']]
         _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_getitem, = k0_segment(_s[0], args[0], args[1])
         return v_getitem
+
+
+def _kernelevolve_state(module, name):
+    *path, leaf = name.split(".")  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in path:
+        module = module._modules[part]
+    found = module._parameters.get(leaf)
+    return module._buffers[leaf] if found is None else found
 
 
 def _kernelevolve_shapes_match(args):

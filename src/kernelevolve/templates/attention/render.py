@@ -230,7 +230,7 @@ def _launcher(spec: dict[str, Any], name: str, cfg: dict[str, int]) -> str:
     aux_lays = "".join(f", *a{i}_lay" for i in range(len(spec["aux"])))
     out = spec["out"]
     body += [f"out = torch.empty({out['shape']}, device=q.device, dtype={out['dtype']})",
-             f"grid = (triton.cdiv({m}, {cfg['BLOCK_M']}) * {z},)",
+             f"grid = (_cdiv({m}, {cfg['BLOCK_M']}) * {z},)",
              f"{name}_kernel[grid](",
              f"    q, k, v, out, {aux}{m}, {n}, {d}, {dv}, *q_lay, *k_lay, *v_lay, *{tuple(out['layout'])}{aux_lays},",
              f"    BLOCK_M={cfg['BLOCK_M']}, BLOCK_N={cfg['BLOCK_N']}, BLOCK_D={cfg['BLOCK_D']}, "

@@ -48,7 +48,7 @@ def {name}(*inputs):
     B = {B}
     out = torch.empty(({B}, {width}), dtype={out_dtype}, device=inputs[0].device)
 {prep}
-    grid = (triton.cdiv(B, {BLOCK_B}),)
+    grid = (_cdiv(B, {BLOCK_B}),)
     {name}_kernel[grid]({args}out, B, {D}, out.stride(0),
         BLOCK_B={BLOCK_B}, F={F}, F_PAD={F_PAD}, BLOCK_K={BLOCK_K}, P={P}, P_PAD={P_PAD},
         num_warps={num_warps}, num_stages={num_stages})
@@ -172,7 +172,7 @@ def {name}(*inputs):
     B, F, D = x.shape[{b}], x.shape[{f}], x.shape[{d}]
     assert (B, F, D) == ({B}, {F}, {D}), 'x of the traced shape expected'
     out = torch.empty({out_shape}, dtype={out_dtype}, device=x.device)
-    grid = (triton.cdiv(B, {BLOCK_B}),)
+    grid = (_cdiv(B, {BLOCK_B}),)
     {name}_kernel[grid](x, out, B, D, x.stride({b}), x.stride({f}), x.stride({d}),
         BLOCK_B={BLOCK_B}, F={F}, BLOCK_F={BLOCK_F}, BLOCK_D={BLOCK_D},
         num_warps={num_warps}, num_stages={num_stages})

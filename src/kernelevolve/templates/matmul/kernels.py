@@ -153,7 +153,7 @@ def split_text(name: str) -> str:
         "        hi = torch.empty_like(x)",
         "    lo = torch.empty_like(hi)",
         "    n = x.numel()",
-        f"    {name}_split_kernel[(triton.cdiv(n, 4096),)](x, hi, lo, n, BLOCK=4096, num_warps=8)",
+        f"    {name}_split_kernel[(_cdiv(n, 4096),)](x, hi, lo, n, BLOCK=4096, num_warps=8)",
         "    return hi, lo"])
 
 

@@ -209,7 +209,7 @@ def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[
                                                              for j in range(nb)]
         bs += ", a_lo" + "".join(f", b{j}_lo" for j in range(nb))
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    grid = f"(triton.cdiv(M, {bm}) * triton.cdiv(N, {bn}), Bt, {sk})"
+    grid = f"(_cdiv(M, {bm}) * _cdiv(N, {bn}), Bt, {sk})"
     strides = "*a.stride(), " + "".join(f"*b{j}.stride(), " for j in range(nb))
     consts = (f"BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, GROUP_M={cfg['GROUP_M']}, SPLIT_K={sk}, "
               f"EVEN_K=K % {bk * sk} == 0, UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "
@@ -221,7 +221,7 @@ def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[
                   "        if a.is_cuda:",
                   f"            triton.set_allocator({name}_scratch)  # the descriptors' scratch memory",
                   f"        sms = {name}_sms(a.device)",
-                  f"        tiles = Bt * triton.cdiv(M, {bm}) * triton.cdiv(N, {bn})",
+                  f"        tiles = Bt * _cdiv(M, {bm}) * _cdiv(N, {bn})",
                   f"        {name}_{tag}_tma[(max(1, min(sms, tiles)),)](a, {bs}, *e, *o, Bt, M, N, K, {strides}"
                   f"{extra_strides}BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, GROUP_M={cfg['GROUP_M']}, NUM_SMS=sms, "
                   f"A_T=a.stride(2) != 1, {flags}UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "
@@ -231,15 +231,15 @@ def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[
     elif sk == 1 and cfg.get("SCHEDULE") == "streamk":
         # equal runs of K iterations over at most one program per SM; under the FMA dot no run past IEEE_RUN products
         ieee = st["dot"] == "tl.float32" and cfg.get("INPUT_PRECISION", "ieee") == "ieee"
-        cap = f"min({max(1, IEEE_RUN // bk)}, triton.cdiv(tiles * k_tiles, progs))" if ieee \
-            else "triton.cdiv(tiles * k_tiles, progs)"
-        lines += [f"    tiles = Bt * triton.cdiv(M, {bm}) * triton.cdiv(N, {bn})",
-                  f"    k_tiles = triton.cdiv(K, {bk})",
+        cap = f"min({max(1, IEEE_RUN // bk)}, _cdiv(tiles * k_tiles, progs))" if ieee \
+            else "_cdiv(tiles * k_tiles, progs)"
+        lines += [f"    tiles = Bt * _cdiv(M, {bm}) * _cdiv(N, {bn})",
+                  f"    k_tiles = _cdiv(K, {bk})",
                   f"    progs = max(1, min({name}_{tag}_sms(a.device), tiles * k_tiles))",
                   f"    iters = {cap}",
-                  "    pieces = triton.cdiv(k_tiles, iters) + 1",
+                  "    pieces = _cdiv(k_tiles, iters) + 1",
                   f"    ws = torch.empty(({nb}, tiles, pieces, {bm}, {bn}), device=a.device, dtype=torch.float32)",
-                  f"    {name}_{tag}_sk[(triton.cdiv(tiles * k_tiles, iters),)](a, {bs}, ws, Bt, M, N, K, iters, "
+                  f"    {name}_{tag}_sk[(_cdiv(tiles * k_tiles, iters),)](a, {bs}, ws, Bt, M, N, K, iters, "
                   f"pieces, {strides}BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, EVEN_K=K % {bk} == 0, "
                   f"UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, num_stages={cfg['num_stages']})",
                   f"    {name}_{tag}_fix[(tiles,)](ws, *e, *o, Bt, M, N, K, iters, pieces, {extra_strides}"
@@ -250,7 +250,7 @@ def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[
         rm, rn = REDUCE_BLOCK
         lines += [f"    ws = torch.empty(({nb}, {sk}, Bt, M, N), device=a.device, dtype=torch.float32)",
                   f"    {name}_{tag}_kernel[{grid}](a, {bs}, ws, M, N, K, {strides}{consts})",
-                  f"    {name}_{tag}_reduce[(triton.cdiv(M, {rm}) * triton.cdiv(N, {rn}), Bt)](ws, *e, *o, M, N, "
+                  f"    {name}_{tag}_reduce[(_cdiv(M, {rm}) * _cdiv(N, {rn}), Bt)](ws, *e, *o, M, N, "
                   f"{extra_strides}BLOCK_M={rm}, BLOCK_N={rn}, SPLIT_K={sk}, num_warps=4)"]
     lines.append("    return views")
     return "\n".join(lines)
@@ -311,7 +311,7 @@ def fused_launcher(name: str, match: Match, s0: dict[str, Any], s1: dict[str, An
         f"        raise ValueError(f'{name}: cannot chain {{tuple(a.shape)}}, {{tuple(b.shape)}}, {{tuple(c.shape)}}')",
         f"    e0, _, _ = {name}_{s0['tag']}_prep(Bt, M, H, a.device, {params})",
         f"    e1, o, views = {name}_{s1['tag']}_prep(Bt, M, N, a.device, {params})",
-        f"    {name}_kernel[(triton.cdiv(M, {bm}), Bt)](a, b, c, *e0, *e1, *o, M, K, H, N, {strides},",
+        f"    {name}_kernel[(_cdiv(M, {bm}), Bt)](a, b, c, *e0, *e1, *o, M, K, H, N, {strides},",
         f"        BLOCK_M={bm}, BLOCK_K={bk}, BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_N={cfg['BLOCK_N']},",
         f"        EVEN_K=K % {bk} == 0, UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "
         f"num_stages={cfg['num_stages']})",

@@ -185,7 +185,7 @@ def _launcher(name: str, match: Match, st: dict[str, Any], gen: _Gen, sub: Match
         f"    e, _, _ = {name}_s0_prep(1, M, N, a.device, {', '.join(ins)})",
         f"    outs = ({outs},)",
         *([f"    a, a_lo = {name}_split(a)", f"    b0, b0_lo = {name}_split(b0)"] if cfg["SPLIT"] else []),
-        f"    {name}_kernel[(triton.cdiv(M, {bm}),)](a, b0, {'a_lo, b0_lo, ' if cfg['SPLIT'] else ''}*e, "
+        f"    {name}_kernel[(_cdiv(M, {bm}),)](a, b0, {'a_lo, b0_lo, ' if cfg['SPLIT'] else ''}*e, "
         f"{''.join(x + ', ' for x in loads)}*outs, M, N, K, "
         f"*a.stride(), *b0.stride(), {extra_strides}",
         f"        BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, BLOCK_R={bm}, BLOCK_C={bn}, EVEN_K=K % {bk} == 0,",

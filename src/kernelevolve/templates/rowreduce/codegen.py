@@ -224,7 +224,7 @@ def {name}({", ".join(args.values())}):
     _dev = x0.device
     {"; ".join(f"x{i} = x{i}.contiguous()" for i in range(len(args)))}
     outs = ({outs},)
-    {name}_kernel[(triton.cdiv({rows}, {block_r}), {split})]({call}{", " if ins else ""}*outs, BLOCK_R={block_r}, BLOCK_C={block_c},
+    {name}_kernel[(_cdiv({rows}, {block_r}), {split})]({call}{", " if ins else ""}*outs, BLOCK_R={block_r}, BLOCK_C={block_c},
         num_warps={warps}, num_stages={int(config.get("num_stages", 1))})
     return outs
 '''

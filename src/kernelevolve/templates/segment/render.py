@@ -108,7 +108,7 @@ def {name}(*inputs):
     D = src.shape[1]
     outs = [torch.empty({shape}, dtype=dt, device=src.device) for dt in ({dtypes})]
     if S > 0 and D > 0:
-        grid = (S, triton.cdiv(D, {BLOCK_D}))
+        grid = (S, _cdiv(D, {BLOCK_D}))
         {name}_kernel[grid]({args}, N, D, src.stride(0), src.stride(1),
             BLOCK_L={BLOCK_L}, BLOCK_D={BLOCK_D}, EVEN_D=D % {BLOCK_D} == 0,
             num_warps={num_warps}, num_stages={num_stages})
