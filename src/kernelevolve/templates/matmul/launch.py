@@ -144,11 +144,12 @@ def _tile(sizes: dict[str, int], n_b: int, ieee: bool, tensor_cores: bool = Fals
 
 def tensor_core_prior(sizes: dict[str, int], n_b: int, space: dict[str, list[Any]]) -> dict[str, Any]:
     """The tile a tensor-core fp32 mode (tf32x3, the split modes) starts from where the defaults serve the exact FMA
-    dot: the FMA dot's smallest tiles (32 x 32 on a 256 x 256 product) would put those modes on mma.sync. Split-K no
-    lower than the default's, whose runs bound the running sums on a long reduction; values ``space`` offers only."""
+    dot: the FMA dot's smallest tiles (32 x 32 on a 256 x 256 product) would put those modes on mma.sync. Past
+    IEEE_LONG, split-K no lower than the default's, whose runs bound the running sums; values ``space`` offers only."""
     bm, bn, split = _tile(sizes, n_b, ieee=False, tensor_cores=True)
-    prior = {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": max(split, space.get("SPLIT_K", [1])[0]),
-             "num_warps": 8 if n_b * bm * bn >= 128 * 256 else 4}
+    if sizes["K"] > IEEE_LONG:
+        split = max(split, space.get("SPLIT_K", [1])[0])
+    prior = {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": split, "num_warps": 8 if n_b * bm * bn >= 128 * 256 else 4}
     return {key: v for key, v in prior.items() if v in space.get(key, ()) and v != space[key][0]}
 
 
