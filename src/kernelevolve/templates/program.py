@@ -158,14 +158,14 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != {n_inputs} or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _s = [_kernelevolve_state(self, k) for k in {state_names!r}]
+        _s = [_kernelevolve_state(self, *path) for path in {state_paths!r}]
         _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
 {body}
 
 
-def _kernelevolve_state(module, name):
-    *path, leaf = name.split(".")  # a parameter or buffer by its state_dict name, looked up afresh on every call
-    for part in path:
+def _kernelevolve_state(module, *path):
+    *owners, leaf = path  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in owners:
         module = module._modules[part]
     found = module._parameters.get(leaf)
     return module._buffers[leaf] if found is None else found
@@ -189,7 +189,8 @@ def assemble(problem_source: str, graph: CapturedGraph, matches: list[Match], ke
     parts.append("# ---- the reference, verbatim from the problem file " + "-" * 60)
     parts.append(problem_source.rstrip())
     parts.append("# ---- end of reference " + "-" * 89)
-    cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs, state_names=graph.state_names,
+    paths = [tuple(k.split(".")) for k in graph.state_names]  # split once here, not on every call
+    cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs, state_paths=paths,
                        body="\n".join("        " + line for line in body),
                        guards="\n".join(f"        {c}," for c in _guard(graph, dynamic or {})))
     return "\n\n\n".join(parts) + "\n" + cls

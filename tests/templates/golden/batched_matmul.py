@@ -187,15 +187,15 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 1 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _s = [_kernelevolve_state(self, k) for k in ['w1', 'b1', 'w2']]
+        _s = [_kernelevolve_state(self, *path) for path in [('w1',), ('b1',), ('w2',)]]
         _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_bmm_1, = k0_batched_matmul(args[0], _s[0], _s[1], _s[2])
         return v_bmm_1
 
 
-def _kernelevolve_state(module, name):
-    *path, leaf = name.split(".")  # a parameter or buffer by its state_dict name, looked up afresh on every call
-    for part in path:
+def _kernelevolve_state(module, *path):
+    *owners, leaf = path  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in owners:
         module = module._modules[part]
     found = module._parameters.get(leaf)
     return module._buffers[leaf] if found is None else found

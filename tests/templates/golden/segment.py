@@ -108,15 +108,15 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 2 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _s = [_kernelevolve_state(self, k) for k in ['emb.weight']]
+        _s = [_kernelevolve_state(self, *path) for path in [('emb', 'weight')]]
         _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_getitem, = k0_segment(_s[0], args[0], args[1])
         return v_getitem
 
 
-def _kernelevolve_state(module, name):
-    *path, leaf = name.split(".")  # a parameter or buffer by its state_dict name, looked up afresh on every call
-    for part in path:
+def _kernelevolve_state(module, *path):
+    *owners, leaf = path  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in owners:
         module = module._modules[part]
     found = module._parameters.get(leaf)
     return module._buffers[leaf] if found is None else found
