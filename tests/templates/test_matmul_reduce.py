@@ -96,18 +96,24 @@ def test_a_tile_past_the_register_budget_is_hopeless(tmp_path):
 
 def test_a_64_row_tile_for_rows_of_up_to_512_values(tmp_path):
     """64 rows a tile is what Hopper's warpgroup MMA takes (a thinner one falls back to mma.sync): a 512-wide product
-    gets it on 8 warps, at twice the per-thread budget, first where the rows give every SM a program; it is right
-    under the interpreter, and on 4 warps it stays hopeless."""
+    of 16-bit operands gets it on 8 warps, at twice the per-thread budget, first where the rows give every SM a
+    program; it is right under the interpreter, and on 4 warps it stays hopeless. fp32 operands keep the plain
+    budget (32 rows at 512 wide): their 64-row tiles spilled on the H200."""
     from kernelevolve.templates.base import HopelessConfig
     from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3
 
-    (big,) = _only(_graph(tmp_path, REDUCTIONS["logsumexp"], (16384, 16, 512), torch.float32))
+    (big,) = _only(_graph(tmp_path, REDUCTIONS["logsumexp"], (16384, 16, 512), torch.bfloat16))
     space = GemmReduceTemplate().space(big, "cuda")
     assert space["BLOCK_M"][0] == 64 and 128 not in space["BLOCK_M"], space["BLOCK_M"]
-    g = _graph(tmp_path, REDUCTIONS["softmax"], (1040, 17, 500), torch.float32)
+    (big32,) = _only(_graph(tmp_path, REDUCTIONS["logsumexp"], (16384, 16, 512), torch.float32))
+    space = GemmReduceTemplate().space(big32, "cuda")
+    assert space["BLOCK_M"][0] == 32 and 64 not in space["BLOCK_M"], space["BLOCK_M"]
+    with pytest.raises(HopelessConfig):
+        GemmReduceTemplate().render(big32, {"BLOCK_M": 64, "INPUT_PRECISION": SPLIT_TF32X3}, "k")
+    g = _graph(tmp_path, REDUCTIONS["softmax"], (1040, 17, 500), torch.bfloat16)
     (match,) = _only(g)
     assert 64 in GemmReduceTemplate().space(match, "cuda")["BLOCK_M"]
     assert "BLOCK_M=64," in GemmReduceTemplate().render(match, {"BLOCK_M": 64}, "k")
-    check(GemmReduceTemplate(), match, g, [{"BLOCK_M": 64}, {"BLOCK_M": 64, "INPUT_PRECISION": SPLIT_TF32X3}])
+    check(GemmReduceTemplate(), match, g, [{"BLOCK_M": 64}])
     with pytest.raises(HopelessConfig):
         GemmReduceTemplate().render(match, {"BLOCK_M": 64, "num_warps": 4}, "k")

@@ -31,14 +31,16 @@ ROW_VIEWS = ("view", "_unsafe_view", "reshape")
 # fp32 accumulator values a thread holds at most: the reduction's temporaries (the exp of the row, say) need room too
 ACC_PER_THREAD = 64
 # Hopper's warpgroup MMA (wgmma) takes 64 rows a warpgroup; a thinner tile falls back to mma.sync, at about half the
-# tensor-core rate. A 64-row tile may hold twice the budget to get there: at 64 x 512 on 8 warps, softmax and logsumexp,
-# fp32 (tf32x3, split) and bf16 compile for sm_90 to wgmma in at most 255 registers, none spilled.
+# tensor-core rate. A 64-row tile of 16-bit operands may hold twice the budget to get there: at 64 x 512 on 8 warps,
+# softmax and logsumexp compile to wgmma without spills. Not fp32 operands: on the H200 (triton 3.6) a 64 x 512 fp32
+# tile on 8 warps spilled (Triton's n_spills: IEEE 76, tf32x3 428, split_tf32x3 1222) and ran 1.2-12x slower than
+# 32 rows (GEMM + logsumexp, 16384 x 1024 x 512: split_tf32x3 7.15 ms at 64 rows, 0.59 ms at 32; bench/tile_probe.py).
 ACC_WGMMA = 128
 
 
-def acc_budget(block_m: int) -> int:
-    """Accumulator values a thread may hold with a tile of ``block_m`` rows."""
-    return ACC_WGMMA if block_m == WGMMA_ROWS else ACC_PER_THREAD
+def acc_budget(block_m: int, dot: str) -> int:
+    """Accumulator values a thread may hold with a tile of ``block_m`` rows whose products run on ``dot``."""
+    return ACC_WGMMA if block_m == WGMMA_ROWS and dot != "tl.float32" else ACC_PER_THREAD
 
 
 class GemmReduceTemplate:
@@ -93,7 +95,7 @@ class GemmReduceTemplate:
         st = match.spec["stages"][0]
         m, k = st["sizes"]["M"], st["sizes"]["K"]
         bn = max(16, pow2(st["sizes"]["N"]))
-        fits = [bm for bm in (128, 64, 32, 16) if bm * bn <= acc_budget(bm) * 32 * 8]
+        fits = [bm for bm in (128, 64, 32, 16) if bm * bn <= acc_budget(bm, st["dot"]) * 32 * 8]
         # the largest block of rows that still gives every SM a program, with 8 warps at the tile's register budget
         bm = next((x for x in fits if -(-m // x) >= SMS), fits[-1])
         ieee = st["dot"] == "tl.float32"
@@ -106,7 +108,7 @@ class GemmReduceTemplate:
         config = {**{k: v[0] for k, v in self.space(match, "cuda").items()}, **config}
         st = match.spec["stages"][0]
         mode, split = split_mode(config, st)
-        cfg = dict(_fit(config, st["sizes"], _itemsize(st["dot"]) * (2 if split else 1),
+        cfg = dict(_fit(config, st["sizes"], st["dot"], _itemsize(st["dot"]) * (2 if split else 1),
                         int(split == SPLIT_TF32X3_FP32SUM)), SPLIT=split)
         rows = {n.name: n for n in match.nodes}
         sub = make_match("row_reduction", [rows[x] for x in match.spec["rows"]],
@@ -123,16 +125,16 @@ class GemmReduceTemplate:
         return "\n\n\n".join(parts) + "\n"
 
 
-def _fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, sums: int = 0) -> dict[str, Any]:
+def _fit(config: dict[str, Any], sizes: dict[str, int], dot: str, itemsize: int, sums: int = 0) -> dict[str, Any]:
     """``sums``: tiles of fp32 partial sums held beside the accumulator (SPLIT_TF32X3_FP32SUM's one), paid for with
     fewer rows where the rows allow."""
     bn = max(16, pow2(sizes["N"]))
     bm = min(config["BLOCK_M"], max(16, pow2(sizes["M"])))
     bk = min(config["BLOCK_K"], max(16, pow2(sizes["K"])))
     warps, stages = config["num_warps"], config["num_stages"]
-    while sums and bm > 16 and (1 + sums) * bm * bn > acc_budget(bm) * 32 * warps:
+    while sums and bm > 16 and (1 + sums) * bm * bn > acc_budget(bm, dot) * 32 * warps:
         bm //= 2
-    if (1 + sums) * bm * bn > acc_budget(bm) * 32 * warps:
+    if (1 + sums) * bm * bn > acc_budget(bm, dot) * 32 * warps:
         per_thread = (1 + sums) * bm * bn // (32 * warps)
         raise HopelessConfig(f"a {bm} x {bn} product tile on {warps} warps holds {per_thread} accumulators and "
                              "partial sums per thread")
