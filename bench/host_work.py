@@ -11,17 +11,17 @@ calls on this CPU: a floor, without Triton's own launch cost and without a devic
 from __future__ import annotations
 
 import argparse
-import platform
-import json
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "src"), str(HERE.parent)]
+sys.path.insert(0, str(HERE))
+
+from record import record, write  # noqa: E402  (bench/record.py)
 
 
 class _NoLaunch:
@@ -74,9 +74,6 @@ def main() -> int:
     ap.add_argument("--loops", type=int, default=7)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    import torch
-    import triton
-
     from kernelevolve.profile import _device_name
 
     rows = []
@@ -85,12 +82,7 @@ def main() -> int:
         rows.append(row)
         print(f"{row['problem']:28s} {row.get('host_us', row.get('error'))} us a call"
               f" ({row.get('regions', 0)} regions, {row.get('stubbed', 0)} jit functions stubbed)", flush=True)
-    out = {"date": date.today().isoformat(), "cpu": _device_name("cpu"),
-           "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-           "command": "python3 bench/host_work.py " + " ".join(sys.argv[1:]), "rows": rows}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    write(args.json, record("host_work.py", rows, cpu=_device_name("cpu")))
     return 0
 
 

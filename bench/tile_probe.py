@@ -17,16 +17,16 @@ after 5 warm-up calls, one synchronisation at the end: a diagnostic, not the jud
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "src"), str(HERE.parent)]
+sys.path.insert(0, str(HERE))
+
+from record import record, write  # noqa: E402  (bench/record.py)
 
 DEFAULT_SETS = {
     "gemm/linear_logsumexp_fp32": [f"BLOCK_M={bm},INPUT_PRECISION={p},num_warps=8" for bm in (64, 32)
@@ -142,9 +142,6 @@ def main() -> int:
     args = ap.parse_args()
     if args.set and not args.problem:
         ap.error("--set needs --problem")
-    import torch
-    import triton
-
     from kernelevolve.profile import _device_name
 
     plan = {args.problem: args.set or DEFAULT_SETS.get(args.problem, ["BLOCK_M=64", "BLOCK_M=32"])} \
@@ -161,12 +158,7 @@ def main() -> int:
             missing = f"  (not offered: {', '.join(row['not_offered'])})" if row.get("not_offered") else ""
             print(f"{row['problem']:24s} {row['set']}  {row.get('mean_ms', float('nan')):.4f} ms  "
                   f"err {row.get('max_err')}  {row.get('error', kernels)}{missing}", flush=True)
-    out = {"date": date.today().isoformat(), "device": _device_name(args.device), "python": platform.python_version(),
-           "torch": torch.__version__, "triton": triton.__version__,
-           "command": "python3 bench/tile_probe.py " + " ".join(sys.argv[1:]), "rows": rows}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    write(args.json, record("tile_probe.py", rows, device=_device_name(args.device)))
     return 0
 
 
