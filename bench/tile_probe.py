@@ -35,9 +35,10 @@ DEFAULT_SETS = {
 }
 
 
-def _override(proposer: Any, problem: Any, cand: Any, knobs: dict[str, str]) -> tuple[Any, list[str]]:
-    """(``cand`` rendered again with each knob set wherever a region's space offers that value, the knobs that no
-    region offers at that value: those the configuration leaves at the candidate's own)."""
+def override(proposer: Any, problem: Any, cand: Any, knobs: dict[str, str]) -> tuple[Any, list[str]]:
+    """(``cand`` rendered again with each knob set wherever a region's space offers that value, or None where it does
+    not render; the knobs that no region offers at that value, which the configuration leaves at the candidate's own).
+    tests/templates/compile_sm90.py's ``--set`` uses it too."""
     from kernelevolve.candidate import Candidate
 
     plan = proposer.plan(problem)
@@ -49,9 +50,10 @@ def _override(proposer: Any, problem: Any, cand: Any, knobs: dict[str, str]) -> 
             if region.key in genome and text in values:
                 genome[region.key][knob] = values[text]
                 applied.add(knob)
-    source = proposer.render(plan, genome, f"{cand.meta['label']}, {knobs}")
+    label = f"{cand.meta['label']}, {', '.join(f'{k}={v}' for k, v in knobs.items())}"
+    source = proposer.render(plan, genome, label)
     cand = None if source is None else Candidate(source, proposer="template", language="triton",
-                                                 meta=dict(cand.meta, genome=genome))
+                                                 meta=dict(cand.meta, label=label, genome=genome))
     return cand, [k for k in knobs if k not in applied]
 
 
@@ -101,7 +103,7 @@ def probe(path: Path, sets: list[str], device: str, small: bool) -> list[dict[st
             knobs = dict(item.split("=", 1) for item in text.split(",") if item)
             row: dict[str, Any] = {"problem": path.stem, "set": knobs}
             try:
-                cand, row["not_offered"] = _override(proposer, problem, cands[0], knobs)
+                cand, row["not_offered"] = override(proposer, problem, cands[0], knobs)
                 if cand is None:
                     raise ValueError("not rendered")
                 row["genome"] = cand.meta["genome"]

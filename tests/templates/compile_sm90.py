@@ -21,7 +21,7 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+sys.path[:0] = [str(ROOT), str(ROOT / "src"), str(ROOT / "bench")]
 SMEM_LIMIT = 232448  # bytes of shared memory one H100/H200 block may opt into
 
 
@@ -55,29 +55,13 @@ class _Sm90:
         return torch.device("cpu")
 
 
-def _override(proposer, problem, cand, overrides: dict[str, str]):
-    """The candidate re-rendered with each knob of ``overrides`` set wherever a region's space has that value."""
-    from kernelevolve.candidate import Candidate
-
-    plan = proposer.plan(problem)
-    genome = {key: dict(cfg) for key, cfg in cand.meta["genome"].items()}
-    for r in plan.regions:
-        for knob, text in overrides.items():
-            values = {str(v): v for v in r.space.get(knob, [])}
-            if r.key in genome and text in values:
-                genome[r.key][knob] = values[text]
-    label = f"{cand.meta['label']}, {', '.join(f'{k}={v}' for k, v in overrides.items())}"
-    source = proposer.render(plan, genome, label)
-    return cand if source is None else Candidate(source, proposer="template", language="triton",
-                                                 meta=dict(cand.meta, label=label, genome=genome))
-
-
 def main() -> int:
     from kernelevolve.problem import build_model, import_module_from_path, load_problem, make_inputs
     from kernelevolve.propose.base import ProposalContext
     from kernelevolve.propose.template import TemplateProposer
     from kernelevolve.templates.base import load_source
     from tests.benchsuite import load_suite
+    from tile_probe import override  # bench/tile_probe.py
 
     ap = argparse.ArgumentParser()
     ap.add_argument("stems", nargs="*")
@@ -106,7 +90,7 @@ def main() -> int:
         proposer = TemplateProposer("cuda", seed=0)
         cands = proposer.propose(ProposalContext(problem, "cuda", None, []), args.n)
         if overrides:
-            cands = [_override(proposer, problem, c, overrides) for c in cands]
+            cands = [override(proposer, problem, c, overrides)[0] or c for c in cands]
         for i, cand in enumerate(cands):
             compiled.clear()
             row = {"problem": path.stem, "label": cand.meta["label"]}

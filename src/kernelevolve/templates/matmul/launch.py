@@ -115,7 +115,7 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
         # "tma": the persistent kernel reading through tensor descriptors (Hopper's TMA); where an operand's layout
         # does not allow it, the launcher runs the tile kernel instead. It takes K whole, unsplit.
         schedules.append("tma")
-    if bt * -(-m // bm) * -(-n // bn) < 2 * SMS:
+    if tile_count(sizes, bm, bn) < 2 * SMS:
         # "streamk": fewer tiles than two waves, where a split into equal runs over all SMs beats a power-of-two
         # split-K (a long-K skinny product, a last wave a quarter full); its runs stay within IEEE_RUN under the FMA dot
         schedules.append("streamk")
@@ -124,15 +124,20 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
     return {**space, "INPUT_PRECISION": precisions(dot, allow_tf32, split_operands, k)} if dot == "tl.float32" else space
 
 
+def tile_count(sizes: dict[str, int], bm: int, bn: int) -> int:
+    """Output tiles of ``bm`` x ``bn`` over all batches."""
+    return sizes.get("Bt", 1) * -(-sizes["M"] // bm) * -(-sizes["N"] // bn)
+
+
 def _tile(sizes: dict[str, int], n_b: int, ieee: bool, tensor_cores: bool = False) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, SPLIT_K) of a default configuration. ``tensor_cores``: no tile under 64 rows where the
     rows allow it (Hopper's warpgroup MMA takes 64 rows a warpgroup; Triton runs a thinner tile on mma.sync)."""
-    m, n, k, bt = sizes["M"], sizes["N"], sizes["K"], sizes["Bt"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     tiles = [(128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32)][n_b > 1 or ieee:]
     fitting = [(bm, bn) for bm, bn in tiles if bm <= max(32, pow2(m)) and bn <= max(32, pow2(n))]
     if tensor_cores:
         fitting = [t for t in fitting if t[0] >= WGMMA_ROWS] or fitting
-    count = lambda t: bt * -(-m // t[0]) * -(-n // t[1])  # noqa: E731
+    count = lambda t: tile_count(sizes, *t)  # noqa: E731
     # the largest tile that still gives two waves over the 132 SMs of an H100/H200 (a 4096x1024x1024 bf16 GEMM:
     # 64x128 tiles 0.030 ms, 128x128 0.060 ms)
     bm, bn = next((t for t in fitting if count(t) >= 2 * SMS), fitting[-1])
@@ -290,7 +295,7 @@ def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: 
         parts.append(reduce_kernel(name, st))
     if cfg["SCHEDULE"] == "streamk":
         sizes, nb = st["sizes"], len(st["bs"])
-        tiles = sizes.get("Bt", 1) * -(-sizes["M"] // cfg["BLOCK_M"]) * -(-sizes["N"] // cfg["BLOCK_N"])
+        tiles = tile_count(sizes, cfg["BLOCK_M"], cfg["BLOCK_N"])
         if nb * tiles * 2 * cfg["BLOCK_M"] * cfg["BLOCK_N"] * 4 > SPLIT_WORKSPACE:
             raise HopelessConfig(f"stream-K over {tiles} tiles: its partial sums would pass "
                                  f"{SPLIT_WORKSPACE >> 20} MB (the tile kernel's case)")
