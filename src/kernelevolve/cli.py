@@ -113,7 +113,8 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
                          backup_agree=None if args.judge_all_finalists else OptimizeConfig.backup_agree,
                          max_screened=args.max_screened or None, screen_timeout_s=args.screen_timeout,
                          screen_share=args.screen_share, closing=not args.no_closing_round,
-                         starts=start_files(args.start), counters=not args.no_ncu)
+                         starts=start_files(args.start), counters=not args.no_ncu, timing=args.timing,
+                         head_to_head=not args.no_head_to_head)
     if cfg.finalists < 1 or (args.screen_batch is not None and args.screen_batch < 0) or args.max_screened < 0:
         raise UsageError("--finalists takes a positive count, --screen-batch and --max-screened 0 or more")
     if not 0 < cfg.screen_share <= 1 or cfg.screen_timeout_s <= 0:
@@ -203,6 +204,8 @@ def _print_usage(console: Any, store: Any, run_id: int) -> None:
 
 
 def _print_outcome(console: Any, outcome: Any, db: str) -> None:
+    from kernelevolve.evaluate.headtohead import LABELS
+
     b, best = outcome.baseline, outcome.best_result
     console.print(f"run {outcome.run_id}: {outcome.search.evaluations} evaluation(s); stopped: "
                   f"{outcome.search.stop_reason}", markup=False)
@@ -224,13 +227,22 @@ def _print_outcome(console: Any, outcome: Any, db: str) -> None:
                           markup=False)
         else:
             console.print(f"start kernel {node.meta['start']}: verified, untimed", markup=False)
+    h2h = outcome.head_to_head
     if best is None:
         console.print(outcome.best_why, markup=False)
-    elif best.timed and b is not None and b.eager is not None and best.runtime_ms > b.eager.median_ms:
-        console.print(f"no candidate beat eager (the fastest took {_fmt_ms(best.runtime_ms)}, "
-                      f"{_fmt_x(best.speedup_eager)} vs eager): best.py is the reference itself", markup=False)
+    elif h2h is not None and h2h.answer:
+        console.print(h2h.line(), markup=False)
+        what = f"best ({outcome.search.best_why})" if h2h.wins else f"answer ({LABELS[h2h.answer]})"
+        console.print(f"{what}: {_fmt_ms(h2h.ms[h2h.answer])} in the rounds; speedup "
+                      f"{_fmt_x(h2h.speedup.get('eager'))} vs eager, {_fmt_x(h2h.speedup.get('compiled'))} vs "
+                      f"torch.compile", markup=False)
+    elif outcome.best_why.startswith("no candidate beat"):
+        console.print(outcome.best_why, markup=False)
     else:
-        console.print(f"best ({outcome.search.best_why}): {_fmt_ms(best.runtime_ms)}; speedup "
+        if h2h is not None:
+            console.print(h2h.line(), markup=False)
+        clocks = clock_line(best.timing) if best.timing else ""
+        console.print(f"best ({outcome.search.best_why}): {_fmt_ms(best.runtime_ms)}{clocks}; speedup "
                       f"{_fmt_x(best.speedup_eager)} vs eager, {_fmt_x(best.speedup_compile)} vs torch.compile",
                       markup=False)
     for name, path in outcome.files.items():
@@ -249,7 +261,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     path = Path(args.candidate)
     if not path.is_file():
         raise UsageError(f"{path}: no such candidate file")
-    cfg = OptimizeConfig(device=device, timeout_s=args.timeout, timing_budget_ms=args.timing_budget_ms)
+    cfg = OptimizeConfig(device=device, timeout_s=args.timeout, timing_budget_ms=args.timing_budget_ms,
+                         timing=args.timing)
     evaluator = make_evaluator(problem, cfg)
     result = evaluator.evaluate(Candidate(path.read_text(), proposer="manual"))
     baseline = None
@@ -263,16 +276,39 @@ def cmd_check(args: argparse.Namespace) -> int:
                    "speedup_compile": result.speedup_compile,
                    "eager_ms": baseline.eager.median_ms if baseline and baseline.eager else None,
                    "compile_ms": baseline.compiled.median_ms if baseline and baseline.compiled else None,
+                   **_clock_json(result.timing),
                    "error": result.error[-2000:] if result.error else ""}
         print(json.dumps(payload))
     else:
         print(f"{result.status.value}: {result.reason}")
         if result.timing:
-            print(f"runtime {_fmt_ms(result.runtime_ms)} (median of {result.timing.reps}); speedup "
-                  f"{_fmt_x(result.speedup_eager)} vs eager, {_fmt_x(result.speedup_compile)} vs torch.compile")
+            print(f"runtime {_fmt_ms(result.runtime_ms)} (median of {result.timing.reps}, {result.timing.clock} clock"
+                  f"{clock_line(result.timing)}); speedup {_fmt_x(result.speedup_eager)} vs eager, "
+                  f"{_fmt_x(result.speedup_compile)} vs torch.compile")
         if result.error and args.verbose:
             print(result.error)
     return EXIT_OK if result.ok else EXIT_FAIL
+
+
+def _clock_json(t: Any) -> dict[str, Any]:
+    keys = ("clock", "call_ms", "device_ms", "host_ms", "graph_ms", "graph_note")
+    out = {k: getattr(t, k) if t is not None else None for k in keys}
+    out["launch_bound"] = bool(t is not None and t.launch_bound)
+    return out
+
+
+def clock_line(t: Any) -> str:
+    """The clocks beside the median, for one line: device and host time (naming a launch-bound call), the graph's."""
+    parts = []
+    if t.device_ms is not None:
+        parts.append(f"device {t.device_ms:.4g} ms")
+    if t.host_ms is not None and t.method == "cuda-events":
+        parts.append(f"host {t.host_ms:.4g} ms" + (", launch-bound" if t.launch_bound else ""))
+    if t.graph_ms is not None:
+        parts.append(f"graph {t.graph_ms:.4g} ms")
+    elif t.graph_note:
+        parts.append(f"no graph: {t.graph_note[:80]}")
+    return "; " + "; ".join(parts) if parts else ""
 
 
 # --- inspect / runs / show / report ---------------------------------------------------------------------------------
@@ -492,7 +528,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         what = (n.get("meta") or {}).get("label")
         screen = (f" (screen {n['screen_status']} {_fmt_ms(n['screen_ms'])})" if n.get("screen_status") else "")
         label = (f"#{n['id']} {n['proposer']}{f' ({what})' if what else ''}{screen} {n['status']} "
-                 f"{_fmt_ms(n['runtime_ms'])} "
+                 f"{_fmt_ms(n['runtime_ms'])} {_node_clocks(n)}"
                  f"{_fmt_x(n['speedup_eager'])} vs eager {_fmt_x(n['speedup_compile'])} vs compile"
                  f"{' (cached)' if n['cached'] else ''}{' ← best' if n['id'] == best else ''}  ")
         depth[n["id"]] = depth.get(n["parent"], 0) + 1
@@ -502,7 +538,20 @@ def cmd_show(args: argparse.Namespace) -> int:
         parent = branches.get(n["parent"], tree)
         branches[n["id"]] = parent.add(label + (reason if len(reason) <= room else reason[:room - 1] + "…"))
     console.print(tree)
+    console.print(f"best.py: {view['best']['why']}", markup=False, soft_wrap=True)
     return EXIT_OK
+
+
+def _node_clocks(n: dict[str, Any]) -> str:
+    """A node's device, host and graph times in brackets (GPU timings only), a launch-bound call named."""
+    if n.get("device_ms") is None and n.get("graph_ms") is None:
+        return ""
+    parts = [f"device {_fmt_ms(n.get('device_ms'))}", f"host {_fmt_ms(n.get('host_ms'))}"]
+    if n.get("launch_bound"):
+        parts.append("LAUNCH-BOUND")
+    if n.get("graph_ms") is not None:
+        parts.append(f"graph {_fmt_ms(n['graph_ms'])}")
+    return f"[{', '.join(parts)}] "
 
 
 def _show_diff(store: Any, run_ref: str, node_id: int) -> int:
@@ -651,6 +700,13 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")
     p.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time per candidate")
+    p.add_argument("--timing", choices=["call", "graph"], default="call",
+                   help="the clock that ranks kernels: call (the latency of a call from Python, as an eager program "
+                        "makes it) or graph (replays of a CUDA graph of the call, for models served with CUDA "
+                        "graphs); both are reported on a GPU (default: call)")
+    p.add_argument("--no-head-to-head", action="store_true",
+                   help="skip timing the winner against the baselines in interleaved rounds before the answer "
+                        "(the speedups then come from the judge's separate timings)")
     p.add_argument("--no-ncu", action="store_true", help="skip the hardware counters of the reference, the start "
                    "kernels and the best (read with ncu on CUDA where it is on the PATH)")
     sc = p.add_argument_group("the screen: many candidates checked once and timed briefly, the fastest judged")
@@ -714,6 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", choices=["cpu", "cuda"])
     c.add_argument("--timeout", type=float, default=600.0)
     c.add_argument("--timing-budget-ms", type=float, default=1000.0)
+    c.add_argument("--timing", choices=["call", "graph"], default="call", help="the clock runtime_ms is read on")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--no-baseline", action="store_true", help="skip timing the reference (no speedups)")
     c.add_argument("-v", "--verbose", action="store_true", help="print the error text of a failed candidate")

@@ -11,6 +11,7 @@ from typing import Any, Callable
 from kernelevolve.candidate import Candidate, Meta
 from kernelevolve.engine import make_pool
 from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, TimingConfig
+from kernelevolve.evaluate.headtohead import BASELINES, LABELS, HeadToHead
 from kernelevolve.evaluate.screen import ScreenConfig
 from kernelevolve.problem import Problem, ProblemError, load_problem
 from kernelevolve.profile import Profile, ProfileError, profile_problem
@@ -68,6 +69,11 @@ class OptimizeConfig:
     starts: tuple[dict[str, str], ...] = ()
     # hardware counters (ncu) of the reference, the start kernels and the best, on CUDA where ncu is on the PATH
     counters: bool = True
+    # the clock that ranks kernels: "call" (the latency of a call from Python) or "graph" (CUDA-graph replay)
+    timing: str = "call"
+    # before the run answers, its winner and the baselines timed in interleaved rounds (evaluate/headtohead.py):
+    # the speedups it reports come from those rounds, and a winner not faster beyond their noise loses
+    head_to_head: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,10 +106,11 @@ class RunOutcome:
     best_why: str = ""  # one line: why best.py is what it is
     phases: dict[str, float] = field(default_factory=dict)  # seconds: profile, baseline, search
     starts: list[Node] = field(default_factory=list)  # the start kernels, judged
+    head_to_head: HeadToHead | None = None  # the winner against the baselines: the speedups the run reports
 
 
 def make_evaluator(problem: Problem, cfg: OptimizeConfig, workdir: Path | None = None) -> Evaluator:
-    timing = TimingConfig(budget_ms=cfg.timing_budget_ms)
+    timing = TimingConfig(budget_ms=cfg.timing_budget_ms, clock=cfg.timing)
     return Evaluator(problem, EvalConfig(device=cfg.device, timeout_s=cfg.timeout_s, trials=cfg.trials, timing=timing),
                      workdir)
 
@@ -195,10 +202,17 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
         store.update_run(run_id, status="interrupted", stop_reason="interrupted; resume with --resume")
         pool.shutdown(wait=False)
         raise
-    pool.shutdown()
     phases["search_s"] = round(phases.get("search_s", 0.0) + time.monotonic() - t0, 3)
     if outcome.first_proposal_s is not None:
         phases["first_proposal_s"] = outcome.first_proposal_s
+    h2h = None
+    if cfg.head_to_head:
+        t0 = time.monotonic()
+        h2h = _head_to_head(outcome.best, baseline, pool, on_stage)
+        if h2h is not None:
+            phases["head_to_head_s"] = round(time.monotonic() - t0, 3)
+            store.update_run(run_id, head_to_head=h2h)
+    pool.shutdown()
     if outcome.best is not None and not outcome.best.meta.get("start"):
         profile = _diagnose(problem, cfg, profile, [(f"best (node {outcome.best.id})", outcome.best.source)],
                             on_stage)
@@ -208,7 +222,19 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     store.record_experience(run_id)
     best = outcome.best.result.with_baseline(baseline) if outcome.best and outcome.best.result else None
     files, why = write_outputs(store, run_id, out_dir)
-    return RunOutcome(run_id, outcome, baseline, best, files, why, phases, starts)
+    return RunOutcome(run_id, outcome, baseline, best, files, why, phases, starts, h2h)
+
+
+def _head_to_head(best: Node | None, baseline: Baseline | None, pool: Any,
+                  on_stage: Callable[[str], None]) -> HeadToHead | None:
+    """The winner and the baselines in interleaved rounds, where there is a timed winner and a timed baseline."""
+    sides = [b for b in BASELINES if baseline is not None and getattr(baseline, b) is not None]
+    if best is None or best.result is None or not best.result.timed or not sides:
+        return None
+    on_stage("head to head: the winner against " + " and ".join(LABELS[b] for b in sides))
+    h2h = pool.head_to_head(best.candidate(), sides)
+    log.info("%s", h2h.line())
+    return h2h
 
 
 def _diagnose(problem: Problem, cfg: OptimizeConfig, profile: Profile | None,

@@ -12,7 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kernelevolve.evaluate.result import Baseline, Result
+from kernelevolve.evaluate.headtohead import LABELS, HeadToHead
+from kernelevolve.evaluate.result import Baseline, Result, Timing
 from kernelevolve.roofline import counters_html, roofline_svg
 from kernelevolve.rows import Node
 from kernelevolve.search.select import best_node
@@ -154,11 +155,33 @@ def _screen(sc: dict | None) -> str:
 def _baseline(base: dict | None) -> str:
     if not base:
         return f"<h2>Baseline</h2><p>{NONE}</p>"
-    pairs = [("eager", _num(base.get("eager_ms"), suffix=" ms")),
-             ("torch.compile", _num(base.get("compile_ms"), suffix=" ms")),
+    clocks = base.get("clocks") or {}
+
+    def timed(key: str, ms: Any) -> str:
+        c = clocks.get(key) or {}
+        extra = [f"{name} {_num(c.get(k))} ms" for name, k in (("device", "device_ms"), ("host", "host_ms"),
+                                                                   ("graph", "graph_ms")) if c.get(k) is not None]
+        return _num(ms, suffix=" ms") + (f" ({', '.join(extra)})" if extra else "")
+
+    pairs = [("eager", timed("eager", base.get("eager_ms"))),
+             ("torch.compile", timed("compiled", base.get("compile_ms"))),
              ("compile time", _num(base.get("compile_s"), ".3g", " s"))]
     err = _code(base.get("error"), "err") if base.get("error") else ""
     return f"<h2>Baseline</h2>{_kv(pairs)}{err}"
+
+
+def _head_to_head(h2h: dict | None) -> str:
+    """The rounds before the answer: each side's median, the answer's speedups with their bounds, the verdict."""
+    if not h2h:
+        return ""
+    view = HeadToHead.from_dict(h2h)
+    if view.error:
+        return f"<h2>Head to head</h2><p>{_e(view.line())}</p>"
+    rows = [[_e(LABELS.get(side, side)), _num(ms), _x(view.speedup.get(side)),
+             f"{_num(view.low.get(side), '.3f')}-{_num(view.high.get(side), '.3f')}" if side in view.low else NONE,
+             _e(view.notes.get(side, ""))] for side, ms in view.ms.items()]
+    table = _table(["side", "median of rounds, ms", "answer's speedup", "bounds", "note"], rows, frozenset({1, 2}))
+    return f"<h2>Head to head</h2><p>{_e(view.line())}</p>{table}"
 
 
 def _llm(usage: dict | None, config: dict | None = None, stop_reason: str | None = None) -> str:
@@ -276,8 +299,8 @@ def _starts(starts: list[dict] | None) -> str:
     return f"<h2>Start kernels</h2>{_table(['file', 'node', 'verdict', 'time', 'best over it'], rows)}"
 
 
-NODE_HEADERS = ["id", "parent", "proposer", "what", "language", "status", "reason", "runtime ms", "timed",
-                "vs eager", "vs compile", "compile s", "wall s", "cached"]
+NODE_HEADERS = ["id", "parent", "proposer", "what", "language", "status", "reason", "runtime ms", "device ms",
+                "host ms", "graph ms", "timed", "vs eager", "vs compile", "compile s", "wall s", "cached"]
 
 
 def _timed_cell(node: dict) -> str:
@@ -293,10 +316,12 @@ def _node_rows(node: dict) -> str:
              f'<a href="#node-{_e(parent)}">{_e(parent)}</a>' if parent is not None else NONE,
              _e(node.get("proposer")), _e((node.get("meta") or {}).get("label", "")), _e(node.get("language")),
              _badge(node.get("status")), _e(node.get("reason")),
-             _num(node.get("runtime_ms")), _timed_cell(node), _x(node.get("speedup_eager")),
+             _num(node.get("runtime_ms")), _num(node.get("device_ms")),
+             _num(node.get("host_ms")) + (" (launch-bound)" if node.get("launch_bound") else ""),
+             _num(node.get("graph_ms")), _timed_cell(node), _x(node.get("speedup_eager")),
              _x(node.get("speedup_compile")), _num(node.get("compile_s"), ".3g"), _num(node.get("wall_s"), ".3g"),
              "yes" if node.get("cached") else "no"]
-    num = {7, 9, 10, 11, 12}
+    num = {7, 8, 9, 10, 12, 13, 14, 15}
     tds = "".join(f'<td{" class=num" if i in num else ""}>{c}</td>' for i, c in enumerate(cells))
     meta = json.dumps(node.get("meta") or {}, sort_keys=True, default=str)
     detail = (f"<details><summary>source, error, meta (sha {_e((node.get('sha') or '')[:12])}, "
@@ -327,7 +352,8 @@ def render_report(view: dict) -> str:
             _llm(view.get("llm_usage"), run.get("config"), run.get("stop_reason")), _starts(view.get("starts")),
             _profile(view.get("profile")), roofline_svg(view.get("profile"), view.get("roofline_points") or []),
             counters_html((view.get("profile") or {}).get("counters")),
-            _chart(nodes, baseline.get("eager_ms")), _best(view.get("best")), _approvals(view.get("approvals")),
+            _chart(nodes, baseline.get("eager_ms")), _head_to_head(view.get("head_to_head")), _best(view.get("best")),
+            _approvals(view.get("approvals")),
             _nodes(nodes),
             f"<h2>Problem source</h2>{_code(problem.get('source'))}"]
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
@@ -349,6 +375,7 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
     baseline = run.baseline
     history = store.nodes(run.id)
     best, why = best_node(history)
+    h2h = run.head_to_head
     nodes = [_node_view(n, baseline) for n in history]
     return {
         "run": {"id": run.id, "device": run.device_key, "status": run.status, "created": run.created,
@@ -360,9 +387,10 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
         "baseline": None if baseline is None else {
             "eager_ms": baseline.eager.median_ms if baseline.eager else None,
             "compile_ms": baseline.compiled.median_ms if baseline.compiled else None,
-            "compile_s": baseline.compile_s, "error": baseline.error},
-        "best": _with_start_diff(_best_view(best, why, baseline, problem.source, history, run.stop_reason),
+            "compile_s": baseline.compile_s, "error": baseline.error, "clocks": _clocks_view(baseline)},
+        "best": _with_start_diff(_best_view(best, why, baseline, problem.source, history, run.stop_reason, h2h),
                                  history),
+        "head_to_head": h2h.to_dict() if h2h is not None else None,
         "starts": _starts_view(history, best),
         "roofline_points": _roofline_points(baseline, history, best),
         "phases": run.phases,
@@ -439,9 +467,12 @@ def reference_candidate(source: str, why: str = UNBEATEN) -> str:
 
 
 def _best_view(best: Node | None, why: str, baseline: Baseline | None, source: str,
-               history: Sequence[Node] = (), stop_reason: str | None = None) -> dict[str, Any]:
-    """The best node, or the reference itself when no candidate was verified or the fastest is slower than eager:
-    every run answers with a kernel, and says why in one line."""
+               history: Sequence[Node] = (), stop_reason: str | None = None,
+               h2h: HeadToHead | None = None) -> dict[str, Any]:
+    """The best node, or the best baseline's kernel (the reference itself, or torch.compile's) where no candidate
+    was verified, the head-to-head found the winner no faster than that baseline, or (without a head-to-head) the
+    judge timed it slower: every run answers with a kernel, never one slower than its best baseline, and says why
+    in one line. ``speedups`` are the answer's over each baseline, from the head-to-head where there was one."""
     if best is None:
         judged = [n.result for n in history if n.result is not None]
         if judged:
@@ -454,13 +485,41 @@ def _best_view(best: Node | None, why: str, baseline: Baseline | None, source: s
             why = "no candidate was evaluated" + (f" (stopped: {stop_reason})" if stop_reason else "")
         return {"node": None, "reference": True, "why": f"{why}: best.py is the reference itself",
                 "source": reference_candidate(source, why)}
-    eager = baseline.eager.median_ms if baseline is not None and baseline.eager else None
+    if h2h is not None and h2h.answer and not h2h.wins:
+        return _baseline_answer(h2h.answer, h2h.line(), source, dict(h2h.speedup))
+    if h2h is not None and h2h.wins:
+        return {"node": best.id, "source": best.source, "why": f"{why}; {h2h.line()}",
+                "speedups": dict(h2h.speedup)}
     r = best.result
-    if eager is not None and r is not None and r.timed and r.runtime_ms is not None and r.runtime_ms > eager:
-        return {"node": None, "reference": True, "source": reference_candidate(source),
-                "why": f"no candidate beat eager ({eager:.4g} ms; the fastest took {r.runtime_ms:.4g} ms, node "
-                       f"{best.id}): best.py is the reference itself"}
+    timed = {k: t.median_ms for k, t in (("eager", baseline and baseline.eager),
+                                          ("compiled", baseline and baseline.compiled)) if t}
+    if timed and r is not None and r.timed and r.runtime_ms is not None and r.runtime_ms > min(timed.values()):
+        side = min(timed, key=timed.__getitem__)
+        line = (f"no candidate beat {LABELS[side]} ({timed[side]:.4g} ms; the fastest took {r.runtime_ms:.4g} ms, "
+                f"node {best.id}): best.py is {'the reference itself' if side == 'eager' else 'its own kernel'}")
+        if h2h is not None:
+            line += f"; {h2h.line()}"
+        return _baseline_answer(side, line, source, {k: v / timed[side] for k, v in timed.items()})
+    if h2h is not None:
+        why = f"{why}; {h2h.line()}"
     return {"node": best.id, "source": best.source, "why": why}
+
+
+def _baseline_answer(side: str, why: str, source: str, speedups: dict[str, float]) -> dict[str, Any]:
+    """best.py as the baseline ``side``: the reference itself (eager) or torch.compile's default kernel of it."""
+    if side == "eager":
+        return {"node": None, "reference": True, "baseline": side, "why": why, "speedups": speedups,
+                "source": reference_candidate(source, why)}
+    from kernelevolve.propose.inductor import render
+
+    return {"node": None, "reference": False, "baseline": side, "why": why, "speedups": speedups,
+            "source": render(source, {}, "default")}
+
+
+def _clocks_view(baseline: Baseline) -> dict[str, Any]:
+    """Each baseline's clocks (call latency, device, host, graph replay) as plain data."""
+    return {k: {c: getattr(t, c) for c in ("call_ms", "device_ms", "host_ms", "graph_ms", "graph_note")}
+            for k, t in (("eager", baseline.eager), ("compiled", baseline.compiled)) if t is not None}
 
 
 def start_of(node: Node, history: Sequence[Node]) -> Node | None:
@@ -515,10 +574,19 @@ def _node_view(node: Node, baseline: Baseline | None) -> dict[str, Any]:
             "screen_status": sc.status.value if sc else None, "screen_ms": sc.ms if sc else None,
             "finalist": node.finalist,
             "runtime_ms": r.runtime_ms if r else None, "timed": bool(r and r.timed),
+            **_clock_fields(r.timing if r else None),
             "speedup_eager": r.speedup_eager if r else None, "speedup_compile": r.speedup_compile if r else None,
             "compile_s": r.compile_s if r else None, "load_s": r.load_s if r else None,
             "wall_s": r.wall_s if r else None, "created": node.created, "cached": node.cached,
             "meta": node.meta, "error": (r.error if r else "") or "", "source": node.source}
+
+
+def _clock_fields(t: Timing | None) -> dict[str, Any]:
+    """A timing's clocks beside its median: the device and host times (a launch-bound call named), the graph's."""
+    if t is None:
+        return {"device_ms": None, "host_ms": None, "graph_ms": None, "graph_note": "", "launch_bound": False}
+    return {"device_ms": t.device_ms, "host_ms": t.host_ms, "graph_ms": t.graph_ms, "graph_note": t.graph_note,
+            "launch_bound": t.launch_bound}
 
 
 def _reason(r: Result | None) -> str:
@@ -553,8 +621,10 @@ def provenance(view: dict[str, Any]) -> str:
     if node["timed"] and node["runtime_ms"] is not None:
         verdict += (f"; {node['runtime_ms']:.4g} ms, {_x(node['speedup_eager'])} eager, "
                     f"{_x(node['speedup_compile'])} torch.compile")
+    h2h = view.get("head_to_head")
+    rounds = f"# {HeadToHead.from_dict(h2h).line()}\n" if h2h else ""
     return (f"{head}\n# node {node['id']}, proposer {node['proposer']}{f' ({what})' if what else ''}, "
-            f"source sha256 {node['sha'][:16]}\n# verdict: {verdict}\n")
+            f"source sha256 {node['sha'][:16]}\n# verdict: {verdict}\n{rounds}")
 
 
 def _x(v: float | None) -> str:

@@ -7,6 +7,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Sequence
 
 from kernelevolve.candidate import Candidate, Meta
+from kernelevolve.evaluate.headtohead import HeadToHead
 from kernelevolve.evaluate.result import Baseline, Result, ScreenResult
 
 if TYPE_CHECKING:  # profile.py sits above this module (it runs the reference); only its type is needed here
@@ -82,6 +83,7 @@ class Run:
     versions: dict[str, Any]  # empty when not recorded
     stop_reason: str | None
     phases: dict[str, float]  # seconds: profile_s, baseline_s, search_s, first_proposal_s; empty when not recorded
+    head_to_head: HeadToHead | None = None  # the winner against the baselines, before the run answered
 
 
 @dataclass(frozen=True)

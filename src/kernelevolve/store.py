@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
+from kernelevolve.evaluate.headtohead import HeadToHead
 from kernelevolve.evaluate.result import Baseline, Result, ScreenResult
 from kernelevolve.problem import Problem
 from kernelevolve.profile import Profile
@@ -21,7 +22,7 @@ CREATE TABLE IF NOT EXISTS problems (
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, problem_sha TEXT NOT NULL REFERENCES problems(sha), device TEXT NOT NULL,
     device_key TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL, created TEXT NOT NULL, finished TEXT,
-    profile TEXT, baseline TEXT, versions TEXT, stop_reason TEXT, phases TEXT);
+    profile TEXT, baseline TEXT, versions TEXT, stop_reason TEXT, phases TEXT, head_to_head TEXT);
 CREATE TABLE IF NOT EXISTS candidates (
     id INTEGER PRIMARY KEY, problem_sha TEXT NOT NULL, device_key TEXT NOT NULL, sha TEXT NOT NULL,
     source TEXT NOT NULL, language TEXT NOT NULL, created TEXT NOT NULL, UNIQUE (problem_sha, device_key, sha));
@@ -81,7 +82,8 @@ def now() -> str:
 # _run into the same types).
 RUN_TEXT = frozenset({"status", "finished", "stop_reason"})
 RUN_JSON: dict[str, Callable[[Any], str]] = {"profile": lambda p: json.dumps(p.to_dict()), "baseline": Baseline.to_json,
-                                             "phases": json.dumps, "config": json.dumps}
+                                             "phases": json.dumps, "config": json.dumps,
+                                             "head_to_head": lambda h: json.dumps(h.to_dict())}
 
 
 def _run(row: sqlite3.Row) -> Run:
@@ -91,7 +93,8 @@ def _run(row: sqlite3.Row) -> Run:
                config=loads("config"), status=row["status"], created=row["created"], finished=row["finished"],
                profile=Profile.from_dict(profile) if profile else None,
                baseline=Baseline.from_json(baseline) if baseline else None, versions=loads("versions") or {},
-               stop_reason=row["stop_reason"], phases=loads("phases") or {})
+               stop_reason=row["stop_reason"], phases=loads("phases") or {},
+               head_to_head=HeadToHead.from_dict(loads("head_to_head")) if row["head_to_head"] else None)
 
 
 def _result(data: str) -> Result:
@@ -118,8 +121,9 @@ class Store:
     def _add_missing_columns(self) -> None:
         """Columns added since a store was made: a store written by an earlier version opens with them empty."""
         have = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
-        if "phases" not in have:
-            self.db.execute("ALTER TABLE runs ADD COLUMN phases TEXT")
+        for column in ("phases", "head_to_head"):
+            if column not in have:
+                self.db.execute(f"ALTER TABLE runs ADD COLUMN {column} TEXT")
 
     def _write(self, sql: str, args: tuple[Any, ...] = ()) -> int:
         with self.db:
@@ -137,7 +141,8 @@ class Store:
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         """Set fields of a run: ``status``, ``finished`` and ``stop_reason`` (text), ``profile`` (a Profile),
-        ``baseline`` (a Baseline), ``phases`` (seconds by phase) or ``config`` (a resumed run's new limits); the store
+        ``baseline`` (a Baseline), ``phases`` (seconds by phase), ``config`` (a resumed run's new limits) or
+        ``head_to_head`` (a HeadToHead); the store
         writes them as JSON."""
         unknown = set(fields) - RUN_TEXT - set(RUN_JSON)
         if not fields or unknown:

@@ -5,6 +5,7 @@
 - ``screen(candidates) -> Future[list[ScreenResult]]``: check a batch once and time it briefly (evaluate/screen.py);
   it ranks candidates for ``submit`` and never verifies one;
 - ``baseline(compiled=True) -> Baseline``: time the reference where the candidates run;
+- ``head_to_head(candidate, sides) -> HeadToHead``: the winner and the baselines timed in interleaved rounds;
 - ``device_key() -> str``: the device model that timings are comparable across;
 - ``shutdown(wait=True)``.
 

@@ -5,9 +5,12 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Sequence
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate import Baseline, Evaluator, Result
+from kernelevolve.evaluate.evaluator import HeadToHeadError
+from kernelevolve.evaluate.headtohead import HeadToHead
 from kernelevolve.evaluate.result import ScreenResult
 from kernelevolve.evaluate.screen import ScreenConfig, Screener
 
@@ -52,6 +55,17 @@ class LocalPool:
 
     def baseline(self, compiled: bool = True) -> Baseline:
         return self.evaluator.baseline(compiled=compiled)
+
+    def head_to_head(self, candidate: Candidate, sides: Sequence[str]) -> HeadToHead:
+        """The winner against the baselines ``sides`` on one worker's GPU (it holds that slot until the rounds end);
+        a head-to-head that cannot be held comes back with its error."""
+        gpu = self._slots.get()
+        try:
+            return self.evaluator.head_to_head(candidate, sides, gpu=gpu)
+        except HeadToHeadError as e:
+            return HeadToHead.failed(self.evaluator.config.timing.clock, str(e))
+        finally:
+            self._slots.put(gpu)
 
     def device_key(self) -> str:
         from kernelevolve.machine import device_key

@@ -22,12 +22,13 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import asdict, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Sequence
 
 import kernelevolve
 from kernelevolve.candidate import Candidate
 from kernelevolve.engine import ExecutorError
 from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, Status, TimingConfig
+from kernelevolve.evaluate.headtohead import HeadToHead
 from kernelevolve.evaluate.result import ScreenResult
 from kernelevolve.evaluate.screen import ScreenConfig
 from kernelevolve.evaluate.process import pid_alive
@@ -258,6 +259,21 @@ def _baseline_task(problem: dict[str, Any], config: dict[str, Any], compiled: bo
             _release()
 
 
+def _head_to_head_task(problem: dict[str, Any], config: dict[str, Any], source: str, language: str,
+                       sides: list[str], gpu: int | None) -> str:
+    from kernelevolve.evaluate.evaluator import HeadToHeadError
+
+    evaluator = _worker_evaluator(problem, config)
+    try:
+        h2h = evaluator.head_to_head(Candidate(source, language=language), sides, gpu=gpu)
+    except HeadToHeadError as e:
+        h2h = HeadToHead.failed(evaluator.config.timing.clock, str(e))
+    finally:
+        if config["device"] == "cuda":
+            _release()
+    return json.dumps(h2h.to_dict())
+
+
 def _probe_task(device: str) -> dict[str, Any]:
     from kernelevolve.machine import device_key
 
@@ -337,7 +353,7 @@ class RayPool:
         resources = {"num_gpus": 1, "max_calls": 1} if self.device == "cuda" else {"num_cpus": 1}
         remote = self._ray.remote(**resources)
         return {"evaluate": remote(_evaluate_task), "baseline": remote(_baseline_task), "probe": remote(_probe_task),
-                "screen": remote(_screen_task)}
+                "screen": remote(_screen_task), "head_to_head": remote(_head_to_head_task)}
 
     def _start(self, name: str, *args: Any) -> Any:
         options: dict[str, Any] = {"max_retries": self.retries, "retry_exceptions": False}
@@ -406,6 +422,17 @@ class RayPool:
             log.warning("baseline: %s", e)
             return Baseline(self.device, None, None, None, str(e))
         return Baseline.from_json(text)
+
+    def head_to_head(self, candidate: Candidate, sides: Sequence[str]) -> HeadToHead:
+        """The winner against the baselines on one worker node: every side there, in its own process."""
+        timeout_s = self.evaluator.config.timeout_s * (1 + len(sides))
+        clock = self.evaluator.config.timing.clock
+        try:
+            text = self._await(self._start("head_to_head", self._problem, self._config, candidate.source,
+                                           candidate.language, list(sides), self._gpu), self._deadline_s(timeout_s))
+        except (_Expired, _Lost) as e:
+            return HeadToHead.failed(clock, str(e))
+        return HeadToHead.from_dict(json.loads(text))
 
     def device_key(self) -> str:
         """The device model as a worker reports it (``kernelevolve.machine.device_key`` run there)."""

@@ -237,8 +237,8 @@ def timer_snapshot() -> dict[str, Any]:
     # The timing loop reads its own bindings, not time.perf_counter: those must stay put too.
     from kernelevolve.evaluate import timing
 
-    for n in ("_perf", "_sync", "_Event", "_record", "_elapsed", "_zero", "_call_until", "warm_up", "measure",
-              "_time_cpu", "_time_cuda"):
+    for n in ("_perf", "_sync", "_Event", "_record", "_elapsed", "_zero", "_sleep", "_call_until", "warm_up",
+              "measure", "sleep_cycles", "capture_graph", "_time_cpu", "_time_cuda"):
         snap[f"timing.{n}"] = getattr(timing, n)
     try:
         import triton.testing

@@ -1,9 +1,11 @@
 """The parent side of evaluation: draws seeds, computes reference outputs, drives one child per candidate, judges."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import random
 import statistics
 import tempfile
 import threading
@@ -11,13 +13,14 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate import devshare
 from kernelevolve.evaluate.checks import compare_outputs
+from kernelevolve.evaluate.headtohead import BASELINES, CANDIDATE, HeadToHead, decide
 from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
@@ -39,6 +42,8 @@ SYNC_ALLOWANCE_MS = {"cuda-events": 1.0, "perf_counter": 0.0}
 # A side stream is suspected when device-idle time exceeds stream time by more than the calibrated sync latency
 # plus this much (ms) or this fraction of the stream time.
 SIDE_STREAM_MS, SIDE_STREAM_FRAC = 0.1, 0.5
+# Rounds of a head-to-head (the sign test bounds a median of 10 between the 2nd and 9th: 97.9%)
+ROUNDS = 10
 # Timed repetitions whose outputs are checked, at positions the child learns only when timing starts.
 CHECKED_REPS = 2
 # Fresh draws the ghost run (Triton kernels disabled) may take to find an informative one: a draw whose output needs
@@ -66,6 +71,10 @@ class EvalConfig:
     time_candidates: bool = True
     # CUDA outputs of at least this many bytes come back on the device, by IPC handle (None: always by host memory)
     share_min_bytes: int | None = devshare.MIN_BYTES
+
+
+class HeadToHeadError(Exception):
+    """A head-to-head that could not be held (a side failed to load or time), or whose candidate failed a check."""
 
 
 class _Verdict(Exception):
@@ -292,7 +301,14 @@ class Evaluator:
             clock("timing")
             self._check_trial(child, "trial", 0, gpu, "post-timing check", details=details)
             clock("post_check")
-        child.send({"cmd": "done"})
+            if self.config.device == "cuda" and "side_stream" not in details:
+                timing_ = self._graph(child, timing_, gpu, details)
+                clock("graph")
+        try:
+            child.send({"cmd": "done"})
+        except ChildDied:
+            if not timing_ or not timing_.graph_note.startswith("failed"):
+                raise  # else the child ended with its graph replay's failure, after every check had passed
         reason = "verified" + ("" if timing_ else (
             "; untimed: Triton interpreter timings are meaningless" if interpreted else "; untimed"))
         return Result(Status.OK, reason, timing=timing_, timed=timing_ is not None, load_s=loaded["load_s"],
@@ -380,15 +396,58 @@ class Evaluator:
         return header, blob
 
     def _time_command(self, child: Child, cmd: dict[str, Any]) -> tuple[dict, dict, Buffer]:
-        """The child times a no-op over the same inputs (the loop's own cost), then the model."""
+        """The child times a no-op over the same inputs (the loop's own cost), then the model by the call clock, and
+        on a GPU by the device clock too (its samples come back as ``res["device_clock_ms"]``)."""
         child.send(cmd)
         calib, _ = self._timed(child, "calibrated")
         _expect(child, "kept")
-        res, _ = self._timed(child, "timed")
+        res, blob = self._timed_with_outputs(child, "timed")
+        if self.config.device == "cuda":
+            dev, _ = self._timed_with_outputs(child, "device")
+            _check_reported(dev)
+            res["device_clock_ms"] = dev["samples_ms"]
+        return calib, res, blob
+
+    def _timed_with_outputs(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
+        """One timed loop and the outputs it kept, in one header."""
+        res, _ = self._timed(child, reply)
         kept, blob = child.recv()
         _raise_on_fail(kept, "kept")
         outputs = {k: kept[k] for k in ("tensors", "kept", "shared") if k in kept}
-        return calib, dict(res, **{"tensors": [], "kept": [], **outputs}), blob
+        return dict(res, **{"tensors": [], "kept": [], **outputs}), blob
+
+    def _graph(self, child: Child, timing_: Timing, gpu: int | None, details: dict[str, Any]) -> Timing:
+        """The call captured in a CUDA graph and its replays timed, as a model served with CUDA graphs runs it. The
+        replays' outputs are checked like the timed calls': a graph time counts only where they are right (a call
+        that reads device values on the host, say, replays the values of its capture). Never a verdict: a call
+        that cannot be captured or replays wrong has no graph time, and the reason says why."""
+        seeds = self._timing_seeds(gpu)
+        share = 1.0 if self.config.timing.clock == "graph" else self.config.timing.side_share
+        check_at = [int.from_bytes(os.urandom(2), "little") / 65536]
+        child.send({"cmd": "graph", "seeds": seeds, "reps": max(self.config.timing.min_reps,
+                                                                int(timing_.reps * share)), "check_at": check_at})
+        header, _ = child.recv()
+        if header.get("msg") == "no_graph":
+            return replace(timing_, graph_note=f"not captured: {str(header.get('reason', ''))[:300]}")
+        try:
+            _raise_on_fail(header, "timing_begin")
+            child.send({"cmd": "go"})
+            t0 = time.perf_counter()
+            res, _ = child.recv()
+            res["parent_wall_s"] = time.perf_counter() - t0
+            _raise_on_fail(res, "graph")
+            kept, blob = child.recv()
+            _raise_on_fail(kept, "kept")
+            _check_reported(res)
+            self._check_timed_outputs(dict(res, **{k: kept[k] for k in ("tensors", "kept", "shared") if k in kept}),
+                                      blob, seeds, gpu, {})
+        except _Verdict as v:
+            if v.status is Status.REJECTED:  # a cheat is a cheat under replay too
+                raise
+            return replace(timing_, graph_note=f"failed under graph replay: {v.reason}"[:300])
+        graph = Timing.from_samples(res["samples_ms"], res["method"])
+        details["graph_reps"] = graph.reps
+        return replace(timing_, graph_ms=graph.median_ms).by(self.config.timing.clock)
 
     def _check_timed_outputs(self, res: dict[str, Any], blob: Buffer, seeds: list[int], gpu: int | None,
                              details: dict[str, Any]) -> None:
@@ -447,7 +506,7 @@ class Evaluator:
             if gap > calib_gap + max(SIDE_STREAM_MS, SIDE_STREAM_FRAC * statistics.median(samples)):
                 details["side_stream"] = f"work outlived the calling stream by {gap:.3f} ms; timed to device idle"
                 chosen = device_ms
-        return Timing.from_samples(chosen, res["method"])
+        return _clocks(chosen, res)
 
     def _release_cache(self, gpu: int | None) -> None:
         """Hand the memory this process's allocator keeps from computing references back to the device, so that the
@@ -455,6 +514,61 @@ class Evaluator:
         if self.config.device == "cuda" and torch.cuda.is_available():
             with torch.cuda.device(self._ref_device(gpu)):
                 torch.cuda.empty_cache()
+
+    # --- the head-to-head ----------------------------------------------------------------------------------
+    def head_to_head(self, candidate: Candidate, sides: Sequence[str] = BASELINES, gpu: int | None = None,
+                     rounds: int = ROUNDS) -> HeadToHead:
+        """``candidate`` (verified) and the baselines ``sides`` ("eager", "compiled") timed in ``rounds`` rounds,
+        interleaved, each side in a process of its own prepared alike, on the same input sets, by the configured
+        clock; the candidate's outputs of two rounds are checked again. Raises HeadToHeadError where a side cannot
+        be timed, or the candidate fails a check (its answer is then the best baseline's)."""
+        names = [CANDIDATE, *sides]
+        medians: dict[str, list[float]] = {n: [] for n in names}
+        notes: dict[str, str] = {}
+        seeds, checked = self._timing_seeds(gpu), set(random.SystemRandom().sample(range(rounds), min(2, rounds)))
+        prepare = {"cmd": "prepare", "seeds": seeds, "round_ms": 2 * self.config.timing.budget_ms / rounds,
+                   "graph": self.config.timing.clock == "graph" and self.config.device == "cuda"}
+        self._release_cache(gpu)
+        try:
+            with contextlib.ExitStack() as stack:
+                children: dict[str, Child] = {}
+                for name in names:
+                    own = candidate if name == CANDIDATE else None
+                    job = self._job("candidate" if own else "baseline", gpu, f"h2h_{name}_{fresh_seed() % 10**6}", own)
+                    child = children[name] = stack.enter_context(Child(job, self.config.timeout_s))
+                    _expect(child, "hello")
+                    _expect(child, "loaded", send={"cmd": "load"})
+                    prep = _expect(child, "prepared", send=dict(prepare, compiled=name == "compiled"))
+                    if prep.get("graph_note"):
+                        notes[name] = str(prep["graph_note"])[:300]
+                for r in range(rounds):
+                    for name in names[r % len(names):] + names[:r % len(names)]:  # no side always first
+                        check = name == CANDIDATE and r in checked
+                        medians[name].append(self._round(children[name], seeds, gpu, check))
+                for child in children.values():
+                    with contextlib.suppress(ChildDied):
+                        child.send({"cmd": "done"})
+        except _Verdict as v:
+            raise HeadToHeadError(f"{v.status.value}: {v.reason}") from None
+        except ChildTimeout:
+            raise HeadToHeadError(f"no answer within {self.config.timeout_s:g} s") from None
+        except ChildDied as e:
+            raise HeadToHeadError(f"a process {e}") from None
+        return decide(medians, self.config.timing.clock, notes)
+
+    def _round(self, child: Child, seeds: list[int], gpu: int | None, check: bool) -> float:
+        """One round of a side's timed calls; its median (to device idle where work outlived the calling stream)."""
+        child.send({"cmd": "round", "check_at": [int.from_bytes(os.urandom(2), "little") / 65536] if check else []})
+        res, blob = self._timed_with_outputs(child, "round")
+        _check_reported(res)
+        if check:
+            self._check_timed_outputs(res, blob, seeds, gpu, {})
+        samples, idle = res["samples_ms"], res["device_ms"]
+        if res["method"] == "cuda-events":
+            gap = statistics.median([d - s for s, d in zip(samples, idle)])
+            if gap > max(SIDE_STREAM_MS, SIDE_STREAM_FRAC * statistics.median(samples)):
+                samples = idle
+        return statistics.median(samples)
 
     # --- baseline -------------------------------------------------------------------------------------------
     def baseline(self, gpu: int | None = None, compiled: bool = True) -> Baseline:
@@ -469,14 +583,33 @@ class Evaluator:
                     _expect(child, "loaded", send={"cmd": "load"})
                     _, res, _ = self._time_command(child, {"cmd": "time", "seeds": self._timing_seeds(gpu),
                                                            "compiled": key == "compiled"})
-                    child.send({"cmd": "done"})
-                timings[key] = Timing.from_samples(res["samples_ms"], res["method"])
+                    timings[key] = _clocks(res["samples_ms"], res)
+                    if self.config.device == "cuda":
+                        timings[key] = self._graph(child, timings[key], gpu, {})
+                    with contextlib.suppress(ChildDied):  # a child ended by its graph replay's failure
+                        child.send({"cmd": "done"})
                 if key == "compiled":
                     compile_s = res.get("first_call_s")
             except (_Verdict, ChildTimeout, ChildDied) as e:
                 error += f"{key}: {str(e) or type(e).__name__}; "
                 log.warning("baseline %s failed: %s", key, e)
         return Baseline(self.config.device, timings["eager"], timings["compiled"], compile_s, error.strip())
+
+
+def _clocks(samples_ms: list[float], res: dict[str, Any]) -> Timing:
+    """The Timing of a timed loop's samples (the call clock), with the host's launch time and the device clock's
+    median beside it where the child measured them."""
+    dev = res.get("device_clock_ms")
+    return Timing.from_samples(samples_ms, res["method"], host_ms=_finite(res.get("host_ms")),
+                               device_ms=statistics.median(dev) if dev else None)
+
+
+def _check_reported(res: dict[str, Any]) -> None:
+    """A timed loop's samples must fit inside the parent's own clock reading of the loop."""
+    reported_s, wall = sum(res["samples_ms"]) / 1e3, res["parent_wall_s"]
+    if reported_s > wall * 1.05 + 0.01:
+        raise _Verdict(Status.REJECTED, f"reported {reported_s:.3f} s of runs inside a {wall:.3f} s window "
+                                        f"({res.get('msg')} loop)")
 
 
 class _PhaseClock:

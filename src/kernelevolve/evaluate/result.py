@@ -23,18 +23,39 @@ class Status(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Timing:
-    """Median and spread of repeated measurements, in milliseconds."""
+    """Median and spread of repeated measurements, in milliseconds. ``median_ms`` is the clock that ranks kernels
+    (``clock``: the call latency by default, the CUDA-graph replay with --timing graph); the other clocks are
+    reported beside it (docs/timing.md)."""
 
     median_ms: float
     min_ms: float
     max_ms: float
     reps: int
     method: str  # "cuda-events" or "perf_counter"
+    clock: str = "call"  # which clock median_ms is: "call" or "graph"
+    call_ms: float | None = None  # latency of a call from Python, the device idle when it starts
+    device_ms: float | None = None  # the call's kernels alone, launched while the device was kept busy (GPU only)
+    host_ms: float | None = None  # the host's time from the call to its return (its launches)
+    graph_ms: float | None = None  # the call captured in a CUDA graph, replayed (GPU, where it captures)
+    graph_note: str = ""  # why there is no graph time
 
     @classmethod
-    def from_samples(cls, samples_ms: list[float], method: str) -> "Timing":
-        return cls(median_ms=statistics.median(samples_ms), min_ms=min(samples_ms), max_ms=max(samples_ms),
-                   reps=len(samples_ms), method=method)
+    def from_samples(cls, samples_ms: list[float], method: str, **clocks: Any) -> "Timing":
+        median = statistics.median(samples_ms)
+        return cls(median_ms=median, min_ms=min(samples_ms), max_ms=max(samples_ms), reps=len(samples_ms),
+                   method=method, **{"call_ms": median, **clocks})
+
+    def by(self, clock: str) -> "Timing":
+        """This timing ranked by ``clock``: the graph replay's time where there is one, else the call latency."""
+        if clock == "graph" and self.graph_ms is not None:
+            return replace(self, median_ms=self.graph_ms, clock="graph")
+        return self if self.call_ms is None else replace(self, median_ms=self.call_ms, clock="call")
+
+    @property
+    def launch_bound(self) -> bool:
+        """The host takes longer to launch a call than the device takes to run it: the device waits on the host,
+        and only fewer launches or less Python per call (or CUDA graphs) make the call faster."""
+        return self.host_ms is not None and self.device_ms is not None and self.host_ms >= self.device_ms
 
 
 @dataclass(frozen=True)

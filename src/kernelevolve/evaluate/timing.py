@@ -28,12 +28,23 @@ _Event = torch.cuda.Event
 _record = torch.cuda.Event.record
 _elapsed = torch.cuda.Event.elapsed_time
 _zero = torch.Tensor.zero_
+_sleep = torch.cuda._sleep  # spins the device for a number of clock cycles
 # The harness's own work between calls (refilling inputs, flushing the cache) runs with __torch_function__ modes off,
 # so that a mode a candidate enters cannot hide its work there, nor inflate the loop's calibrated cost.
 _no_modes = torch._C.DisableTorchFunction
 
 # Larger than any current L2 (H200: 60 MB) and most CPU last-level caches, so each repetition starts cold.
 FLUSH_BYTES = {"cuda": 256 << 20, "cpu": 64 << 20}
+
+
+# The clocks a kernel is timed by (docs/timing.md):
+# call    the latency of one call from Python with the device idle when it starts, as an eager program calls it: the
+#         host's launch work is in it wherever the kernels are shorter than their launches. The default.
+# device  the same call with the device kept busy while the host launches it (a sleep queued ahead of the call): the
+#         kernels' own time, back to back, without launch gaps. Reported beside the call latency, never selected.
+# graph   the call captured once in a CUDA graph and replayed: what a model served with CUDA graphs (or
+#         torch.compile(mode="reduce-overhead")) sees. Selected with --timing graph.
+CLOCKS = ("call", "graph")
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,9 @@ class TimingConfig:
     min_reps: int = 5
     max_reps: int = 1000
     flush: bool = True
+    clock: str = "call"  # the clock that ranks kernels: "call" or "graph" (CLOCKS)
+    # the device and graph loops take this share of the call loop's repetitions (all of them for the selected clock)
+    side_share: float = 0.34
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,31 @@ class TimingRun:
     host_ms: list[float] = field(default_factory=list)
     # What else the CPU did while the loop ran (see cpu_share): why a host's launch time may have grown.
     cpu: dict[str, float] = field(default_factory=dict)
+
+
+# glibc's mallopt parameters (malloc.h): fixed values switch off its dynamic thresholds, which move with a process's
+# history of frees.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 32 << 20  # glibc's own ceiling for the dynamic threshold (64-bit)
+TRIM_THRESHOLD = 1 << 30
+
+
+def prepare_process() -> None:
+    """Make every process that times a kernel (a baseline's, a candidate's) alike where a process's history would
+    change the time of the same call. glibc's malloc moves its mmap and trim thresholds as a process frees blocks, so
+    one that ran a few calls before timing (a candidate, after its trials) served a call's temporaries from its heap,
+    and one that did not (the baseline) mapped them afresh and took page faults on every call: the same code timed
+    4x slower on the CPU. With the thresholds fixed, blocks up to MMAP_THRESHOLD come from the heap in every process
+    and freed memory stays with it up to TRIM_THRESHOLD. Elsewhere than glibc this does nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def _cpu_mark() -> tuple[float, float, float, float] | None:
@@ -91,7 +130,7 @@ def cpu_share(before: tuple[float, ...] | None, after: tuple[float, ...] | None,
     return out
 
 
-def _call_until(fn: Callable[..., Any], live: "_LiveInputs", budget_s: float, sync: Callable[[], None],
+def _call_until(fn: Callable[..., Any], live: "LiveInputs", budget_s: float, sync: Callable[[], None],
                 min_calls: int) -> tuple[int, float]:
     """Call ``fn`` until ``budget_s`` has passed (at least ``min_calls`` times); return (calls, seconds per call)."""
     calls, t0 = 0, _perf()
@@ -108,7 +147,7 @@ def warm_up(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
             cfg: TimingConfig = TimingConfig(), before: Callable[[], None] | None = None) -> tuple[int, int]:
     """Call ``fn`` for ``cfg.warmup_ms``; return (warm-up calls, repetitions that fill ``cfg.budget_ms``)."""
     sync = _sync if device.startswith("cuda") else (lambda: None)
-    calls, per_call_s = _call_until(fn, _LiveInputs(input_sets, before=before), cfg.warmup_ms / 1e3, sync,
+    calls, per_call_s = _call_until(fn, LiveInputs(input_sets, before=before), cfg.warmup_ms / 1e3, sync,
                                     min_calls=2)
     reps = int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / 1e3 / max(per_call_s, 1e-6))))
     return calls, reps
@@ -117,21 +156,48 @@ def warm_up(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
 def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str, reps: int,
             cfg: TimingConfig = TimingConfig(), warm_calls: int = 0, keep: Sequence[int] = (),
             keep_on_host: bool = False, in_place: bool = False, before: Callable[[], None] | None = None,
-            extra: Callable[[], Sequence[Any]] | None = None) -> TimingRun:
+            extra: Callable[[], Sequence[Any]] | None = None, ahead_ms: float = 0.0,
+            live: "_LiveInputs | None" = None) -> TimingRun:
     """Time ``reps`` calls of ``fn``. Before each, outside the timed window, the next input set's values are copied
-    into the same buffers (so a cache keyed on pointer, id or version goes stale) and the cache is flushed. The
-    outputs of the repetitions in ``keep`` are copied (to host memory with ``keep_on_host``) and returned, so that
-    timed calls can be checked too, followed by what ``extra`` returns after such a call (a model's state), read
-    outside the timed window. ``before`` runs before each call, outside the window too. ``in_place``: the only input
-    set is itself the buffer, refilled from itself (for inputs too large to hold twice; only for ops that leave their
-    inputs alone)."""
+    into the same buffers (so a cache keyed on pointer, id or version goes stale) and the cache is flushed; on a GPU
+    the loop then waits for the device to go idle, so that the call starts as an eager program's does, with nothing
+    queued ahead of it to hide its launches behind (the call clock). ``ahead_ms`` > 0 queues that long a sleep on the
+    device before the start event instead (the device clock): the host launches the whole call while the device is
+    still busy, and the events time the kernels alone. The outputs of the repetitions in ``keep`` are copied (to
+    host memory with ``keep_on_host``) and returned, so that timed calls can be checked too, followed by what
+    ``extra`` returns after such a call (a model's state), read outside the timed window. ``before`` runs before each
+    call, outside the window too. ``in_place``: the only input set is itself the buffer, refilled from itself (for
+    inputs too large to hold twice; only for ops that leave their inputs alone). ``live``: the buffers to refill
+    (a CUDA graph captured on them); by default a set of its own."""
     cuda = device.startswith("cuda")
     flush = torch.empty(FLUSH_BYTES["cuda" if cuda else "cpu"], dtype=torch.int8, device=device) if cfg.flush else None
-    live = _LiveInputs(input_sets, in_place, before)
-    loop = _time_cuda if cuda else _time_cpu
+    live = live if live is not None else LiveInputs(input_sets, in_place, before)
     mark, t0 = _cpu_mark(), _perf()
-    run = loop(fn, live, reps, flush, warm_calls, set(keep), keep_on_host, extra)
+    if cuda:
+        run = _time_cuda(fn, live, reps, flush, warm_calls, set(keep), keep_on_host, extra,
+                         sleep_cycles(ahead_ms) if ahead_ms > 0 else 0)
+    else:
+        run = _time_cpu(fn, live, reps, flush, warm_calls, set(keep), keep_on_host, extra)
     return replace(run, cpu=cpu_share(mark, _cpu_mark(), _perf() - t0))
+
+
+_CYCLES_PER_MS: list[float] = []
+
+
+def sleep_cycles(ms: float) -> int:
+    """The device clock cycles that ``torch.cuda._sleep`` spins for about ``ms`` milliseconds on this device,
+    measured once per process."""
+    if not _CYCLES_PER_MS:
+        probe = 1 << 20
+        start, stop = _Event(enable_timing=True), _Event(enable_timing=True)
+        _sleep(probe)  # the first call loads the kernel
+        _sync()
+        _record(start)
+        _sleep(probe)
+        _record(stop)
+        _sync()
+        _CYCLES_PER_MS.append(probe / max(_elapsed(start, stop), 1e-3))
+    return int(min(ms, 200.0) * _CYCLES_PER_MS[0])
 
 
 def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device: str,
@@ -140,7 +206,38 @@ def time_calls(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], devi
     return measure(fn, input_sets, device, reps, cfg, calls)
 
 
-class _LiveInputs:
+class GraphError(Exception):
+    """A call that cannot be captured in a CUDA graph (a host sync, CPU work on device values, a nested capture)."""
+
+
+def capture_graph(fn: Callable[..., Any], live: "LiveInputs") -> Callable[..., Any]:
+    """``fn`` called on ``live``'s buffers, captured once in a CUDA graph; returns a function that replays it (the
+    buffers refilled by ``live.load`` beforehand) and returns the outputs the capture allocated. The call runs twice
+    on a side stream first, as capture requires (workspaces, lazy initialisation). Raises GraphError."""
+    args = live.load(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        _sync()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*args)
+    except Exception as e:  # the candidate's own code, under capture
+        lines = str(e).strip().splitlines()
+        raise GraphError(f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]) from None
+
+    def replay(*_: Any) -> Any:
+        graph.replay()
+        return out
+
+    return replay
+
+
+class LiveInputs:
     """One set of input buffers, refilled from the rotating input sets before each call: the sets themselves are never
     passed to the function, so they stay pristine even when the op mutates its inputs."""
 
@@ -168,9 +265,9 @@ def _kept(out: Any, on_host: bool) -> tuple[torch.Tensor, ...]:
     return tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs)
 
 
-def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
+def _time_cuda(fn, live: LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
                keep: set[int], keep_on_host: bool = False,
-               extra: Callable[[], Sequence[Any]] | None = None) -> TimingRun:
+               extra: Callable[[], Sequence[Any]] | None = None, ahead_cycles: int = 0) -> TimingRun:
     events = [(_Event(enable_timing=True), _Event(enable_timing=True), _Event(enable_timing=True)) for _ in range(reps)]
     kept: dict[int, tuple[torch.Tensor, ...]] = {}
     host: list[float] = []
@@ -181,6 +278,11 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
             args = live.load(i)
             if flush is not None:
                 _zero(flush)
+        # The refill and the flush take the device ~0.1 ms (256 MB zeroed on an H200): left queued, they would hide
+        # up to that much of the call's launch work, which a user's call does not hide.
+        _sync()
+        if ahead_cycles:
+            _sleep(ahead_cycles)
         _record(start)
         h = _perf()
         out = fn(*args)
@@ -200,7 +302,7 @@ def _time_cuda(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, war
     return TimingRun(stream, device, wall, warm_calls, "cuda-events", kept, host)
 
 
-def _time_cpu(fn, live: _LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
+def _time_cpu(fn, live: LiveInputs, reps: int, flush: torch.Tensor | None, warm_calls: int,
               keep: set[int], keep_on_host: bool = False,
               extra: Callable[[], Sequence[Any]] | None = None) -> TimingRun:
     samples, kept = [], {}

@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 import traceback
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -98,6 +99,7 @@ def child_main(conn: Any, job: dict[str, Any]) -> None:
     if job.get("nice"):  # background work (the screen's checks): the processes that time kernels get the cores first
         with contextlib.suppress(OSError, AttributeError, ValueError):
             os.nice(int(job["nice"]))
+    timing.prepare_process()
     checks.become_subreaper()
     checks.die_with_parent(job.get("server_pid"))
     _release_server_pipe()
@@ -236,6 +238,8 @@ class Session:
         self.origins = checks.ThreadOrigins(job.get("candidate", ""))
         self.procs = checks.child_processes()
         self.model: Any = None
+        self.fn: Any = None  # what cmd_time timed last (the model, or the baseline's torch.compile of it)
+        self.rounds: Any = None  # cmd_prepare's: the function, input sets, live buffers, memory plan, repetitions
         self.state: StateSlots | None = None  # the state the reference's forward writes, with its loaded values
         self._saved_state: dict[str, torch.Tensor] | None = None
         self.quick = False  # the screen's last candidate was built without its random initialisation
@@ -320,7 +324,7 @@ class Session:
         shape = cmd.get("shape", 0)
         self.inputs = None  # the last trial's inputs: their memory goes to the input sets
         compiled = bool(cmd.get("compiled"))
-        fn = torch.compile(self.model) if compiled else self.model
+        fn = self.fn = torch.compile(self.model) if compiled else self.model
         if compiled or self.out_specs is None:  # a baseline has run no trial: one call tells the outputs' sizes
             t0 = _perf()
             self._reset_state()
@@ -343,8 +347,72 @@ class Session:
             warm, _ = timing.warm_up(stand_in, sets, self.device, CALIBRATION_WARMUP, self._before())
             self._timed(stand_in, sets, "calibrated", warm, min(reps, CALIBRATION_REPS), check_at, plan)
             del stand_in  # and its outputs' memory
-            self._timed(fn, sets, "timed", calls, reps, check_at, plan)
+            host_ms = self._timed(fn, sets, "timed", calls, reps, check_at, plan)
+            if self.device == "cuda":  # the device clock: the same call, launched while the device is kept busy
+                self._timed(fn, sets, "device", calls, max(self.cfg.min_reps, int(reps * self.cfg.side_share)), [],
+                            plan, ahead_ms=2.0 * (host_ms or 0.0) + 0.05)
         self._check_tamper("timing")
+
+    def cmd_graph(self, cmd: dict[str, Any]) -> None:
+        """The last timed function (cmd_time's) captured in a CUDA graph and its replays timed, by the call clock; the
+        outputs of the replays at ``check_at`` go back to be checked. A call that cannot be captured is answered
+        with the reason, which is no fault of the candidate's."""
+        plan = self._memory_plan(cmd["seeds"], 0)
+        sets = self._input_sets(cmd["seeds"], 0, plan["input_sets"])
+        live = timing.LiveInputs(sets, plan["in_place"], self._before())
+        with torch.no_grad():
+            try:
+                replay = timing.capture_graph(self.fn, live)
+            except timing.GraphError as e:
+                self._check_tamper("graph capture")
+                self.chan.send({"msg": "no_graph", "reason": str(e)})
+                return
+            calls, _ = timing.warm_up(replay, sets, self.device, CALIBRATION_WARMUP, self._before())
+            self._timed(replay, sets, "graph", calls, int(cmd["reps"]), cmd.get("check_at", []), plan, live=live)
+        del replay, live
+        self._check_tamper("graph replay")
+
+    # --- the head-to-head: rounds of timed calls, which the parent interleaves with other processes' --------------
+    def cmd_prepare(self, cmd: dict[str, Any]) -> None:
+        """Ready the function to time in rounds (cmd_round) on the parent's input sets: the model, or the baseline's
+        torch.compile of it, warmed up, and with ``graph``, captured in a CUDA graph (or, where it cannot be, called
+        as it is, with the reason in ``graph_note``). ``round_ms`` sizes a round's repetitions."""
+        self.fn = torch.compile(self.model) if cmd.get("compiled") else self.model
+        seeds = cmd["seeds"]
+        self._reset_state()
+        with torch.no_grad():
+            self._learn_outputs(self.fn(*make_inputs(self.problem, seeds[0], 0, self.device)))
+        self._sync()
+        plan = self._memory_plan(seeds, 0)
+        sets = self._input_sets(seeds, 0, plan["input_sets"])
+        live = timing.LiveInputs(sets, plan["in_place"], self._before())
+        fn, note = self.fn, ""
+        with torch.no_grad():
+            if cmd.get("graph") and self.device == "cuda":
+                try:
+                    fn = timing.capture_graph(self.fn, live)
+                except timing.GraphError as e:
+                    note = f"not captured, called as it is: {e}"
+            _, reps = timing.warm_up(fn, sets, self.device, replace(self.cfg, budget_ms=float(cmd["round_ms"])),
+                                     self._before())
+        self.rounds = (fn, sets, live, plan, reps)
+        self._check_tamper("warm-up")
+        self.chan.send({"msg": "prepared", "reps": reps, "graph_note": note})
+
+    def cmd_round(self, cmd: dict[str, Any]) -> None:
+        """One round of timed calls. Each round but a graph's refills new buffers behind an allocation of a random
+        size: where the buffers lie changes a call's time by a few percent (cache sets, page boundaries; +-5% for
+        one elementwise op on a CPU), and a layout kept for the whole head-to-head would give one side that offset
+        in every round, which no number of rounds averages out."""
+        fn, sets, live, plan, reps = self.rounds
+        pad = None
+        if fn is self.fn and not plan["in_place"]:
+            pad = torch.empty(int.from_bytes(os.urandom(3), "little") // 4, dtype=torch.int32, device=self.device)
+            live = timing.LiveInputs(sets, False, self._before())
+        with torch.no_grad():
+            self._timed(fn, sets, "round", 0, reps, cmd.get("check_at", []), plan, live=live)
+        del pad, live
+        self._check_tamper("a round")
 
     # --- the screen: many candidates in one process, each checked once and timed briefly ----------------------
     def cmd_screen_check(self, cmd: dict[str, Any]) -> None:
@@ -419,7 +487,8 @@ class Session:
 
     # --- helpers --------------------------------------------------------------------------------------------
     def _timed(self, fn: Any, sets: list[list[Any]], reply: str, calls: int, reps: int, check_at: list[float],
-               plan: dict[str, Any]) -> None:
+               plan: dict[str, Any], ahead_ms: float = 0.0, live: timing.LiveInputs | None = None) -> float | None:
+        """One timed loop, driven by the parent's word; returns the median host time of a call (ms)."""
         keep = sorted({min(reps - 1, int(f * reps)) for f in check_at})
         self.chan.send({"msg": "timing_begin", "reps": reps})
         # The loop starts only on the parent's word, so that the parent's clock of it starts first, whatever the
@@ -427,9 +496,11 @@ class Session:
         if self.chan.recv().get("cmd") != "go":
             raise Fail("runtime_error", "protocol: expected the parent's go before a timed loop")
         run = timing.measure(fn, sets, self.device, reps, self.cfg, calls, keep, plan["keep_on_host"],
-                             plan["in_place"], self._before(), self.state.read if self.state is not None else None)
+                             plan["in_place"], self._before(), self.state.read if self.state is not None else None,
+                             ahead_ms=ahead_ms, live=live)
+        host_ms = _median(run.host_ms)
         self.chan.send({"msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
-                        "host_ms": _median(run.host_ms), "cpu": run.cpu,
+                        "host_ms": host_ms, "cpu": run.cpu,
                         "loop_wall_s": run.loop_wall_s, "reps": reps, "warmup_calls": calls, "method": run.method,
                         "input_sets": len(sets), "first_call_s": self.first_call_s,
                         "memory": dict(plan, peak_bytes=self._peak_bytes())})
@@ -442,6 +513,7 @@ class Session:
         with _harness_only():
             header, blob = self._pack([o for outs in kept for o in outs])
         self.chan.send(dict(header, msg="kept", kept=[[i, len(outs)] for i, outs in zip(keep, kept)]), blob)
+        return host_ms
 
     def _learn_outputs(self, out: Any) -> None:
         """The shapes and dtypes of what a call returns (not the inputs that a mutating op also hands back)."""
