@@ -213,11 +213,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if tuned:
         m = len(tuned)
         out["correct"] = sum(bool(r.get("correct")) for r in tuned) / m
-        for base in ("eager", "compile"):
+        for base in ("eager", "compile", "best_baseline"):
             speedups = [r.get(f"speedup_{base}") if r.get("correct") else None for r in tuned]
             out[f"fast_0_{base}"] = sum(s is not None for s in speedups) / m
             out[f"fast_1_{base}"] = sum((s or 0) > 1.0 for s in speedups) / m
             out[f"geomean_speedup_{base}"] = geomean([s for s in speedups if s])
+        out["below_best_baseline"] = sum((r.get("speedup_best_baseline") or 1.0) < 1.0 for r in tuned)
+        out["do_bench_checked"] = sum(r.get("clock_ratio") is not None for r in tuned)
+        out["clocks_disagree"] = sum(bool(r.get("clocks_disagree")) for r in tuned)
     return out
 
 
@@ -292,22 +295,30 @@ def _optimize_table(rows: list[dict[str, Any]]) -> str:
     tuned = [r for r in rows if r.get("mode") == "optimize"]
     if not tuned:
         return ""
-    lines = ["| problem | correct | eager ms | compile ms | kernelevolve ms | vs eager | vs compile | winner |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| problem | correct | eager ms | compile ms | kernelevolve ms | vs eager | vs compile | vs best | "
+             "do_bench vs eager | device / host / graph ms | winner |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in tuned:
         def x(v: Any) -> str:
             return f"{v:.2f}x" if v else "—"
         why = (r.get("error") or "").replace("|", "/")[:60]
+        c = r.get("clocks") or {}
+        clocks = " / ".join(_ms(c.get(k)) for k in ("device_ms", "host_ms", "graph_ms"))
+        flag = " (differs)" if r.get("clocks_disagree") else ""
         lines.append(f"| {r['problem'].split('/')[-1]} | {'yes' if r.get('correct') else 'no'} | "
                      f"{_ms(r.get('eager_ms'))} | {_ms(r.get('compile_ms'))} | {_ms(r.get('kernelevolve_ms'))} | "
                      f"{x(r.get('speedup_eager'))} | {x(r.get('speedup_compile'))} | "
+                     f"{x(r.get('speedup_best_baseline'))} | "
+                     f"{x((r.get('do_bench') or {}).get('speedup_eager'))}{flag} | "
+                     f"{clocks}{' launch-bound' if c.get('launch_bound') else ''} | "
                      f"{r.get('best_proposer') or '—'} {(r.get('best_label') or '')[:30]}{'; ' + why if why else ''} |")
     s = summarize(rows)
     lines.append("")
     lines.append(f"{len(tuned)} problems: correct {s.get('correct', 0):.2f}; fast_1 against eager "
                  f"{s.get('fast_1_eager', 0):.2f}, against torch.compile {s.get('fast_1_compile', 0):.2f}; geomean "
                  f"{s.get('geomean_speedup_eager') or 0:.2f}x over eager, {s.get('geomean_speedup_compile') or 0:.2f}x "
-                 "over torch.compile")
+                 f"over torch.compile, {s.get('geomean_speedup_best_baseline') or 0:.2f}x over the best baseline; "
+                 f"{s.get('below_best_baseline', 0)} below the best baseline; do_bench checked "
+                 f"{s.get('do_bench_checked', 0)}, {s.get('clocks_disagree', 0)} differ by more than 5%")
     return "\n".join(lines)
 
 

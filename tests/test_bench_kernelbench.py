@@ -103,9 +103,13 @@ def test_fast_p_counts_correct_kernels_over_all_problems():
 
 def test_optimized_rows_render_as_a_table_with_the_summary():
     rows = [{"problem": "level1/19_ReLU", "mode": "optimize", "correct": True, "eager_ms": 2.0, "compile_ms": 1.0,
-             "kernelevolve_ms": 0.5, "speedup_eager": 4.0, "speedup_compile": 2.0, "best_proposer": "template"},
+             "kernelevolve_ms": 0.5, "speedup_eager": 4.0, "speedup_compile": 2.0, "speedup_best_baseline": 2.0,
+             "best_proposer": "template", "do_bench": {"speedup_eager": 3.5}, "clock_ratio": 4.0 / 3.5,
+             "clocks_disagree": True, "clocks": {"device_ms": 0.4, "host_ms": 0.45, "launch_bound": True}},
             {"problem": "level2/1_Conv", "mode": "optimize", "status": "error", "error": "boom | bad"}]
     text = kernelbench.markdown_table(rows)
-    assert "| 19_ReLU | yes | 2 | 1 | 0.5 | 4.00x | 2.00x | template" in text
+    assert ("| 19_ReLU | yes | 2 | 1 | 0.5 | 4.00x | 2.00x | 2.00x | 3.50x (differs) | 0.4 / 0.45 / — launch-bound "
+            "| template") in text
+    assert "do_bench checked 1, 1 differ by more than 5%" in text
     assert "| 1_Conv | no |" in text and "boom / bad" in text
     assert "2 problems: correct 0.50; fast_1 against eager 0.50, against torch.compile 0.50" in text

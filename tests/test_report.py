@@ -98,3 +98,41 @@ def test_best_is_the_reference_when_nothing_beats_eager():
     fast = replace(slow, result=Result(Status.OK, "verified", timing=Timing.from_samples([0.5], "cuda-events"),
                                        timed=True))
     assert _best_view(fast, "fastest timed candidate", eager, "class Model: ...")["node"] == 3
+
+
+def test_best_is_the_best_baselines_kernel_when_the_winner_loses_the_head_to_head():
+    from kernelevolve.evaluate.headtohead import CANDIDATE, decide
+    from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
+    from kernelevolve.report import _best_view
+
+    node = make_node(3, Result(Status.OK, "verified", timing=Timing.from_samples([0.9], "cuda-events"), timed=True),
+                     source="class ModelNew: ...")
+    base = Baseline("cuda", Timing.from_samples([2.0], "cuda-events"), Timing.from_samples([1.0], "cuda-events"))
+    src = "class Model: ...\ndef get_inputs(): ...\ndef get_init_inputs(): ...\n"
+    # the judge had the winner 10% ahead of torch.compile; the rounds find them level
+    level = decide({CANDIDATE: [1.0] * 10, "eager": [2.0] * 10, "compiled": [1.0] * 10})
+    view = _best_view(node, "fastest timed candidate", base, src, h2h=level)
+    assert view["node"] is None and view["baseline"] == "compiled" and not view["reference"]
+    assert "torch.compile(" in view["source"] and "class Model: ..." in view["source"]
+    assert view["speedups"] == {"eager": 2.0, "compiled": 1.0} and "not faster than torch.compile" in view["why"]
+    # level with eager: the reference itself
+    level = decide({CANDIDATE: [1.0] * 10, "eager": [1.0] * 10})
+    view = _best_view(node, "fastest timed candidate", base, src, h2h=level)
+    assert view["reference"] and "class ModelNew(Model)" in view["source"]
+    # a win: the node, its speedups from the rounds
+    win = decide({CANDIDATE: [0.5] * 10, "eager": [2.0] * 10, "compiled": [1.0] * 10})
+    view = _best_view(node, "fastest timed candidate", base, src, h2h=win)
+    assert view["node"] == 3 and view["speedups"] == {"eager": 4.0, "compiled": 2.0} and "beyond the noise" in view["why"]
+
+
+def test_without_a_head_to_head_a_winner_slower_than_torch_compile_is_not_the_answer():
+    from kernelevolve.evaluate.headtohead import HeadToHead
+    from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
+    from kernelevolve.report import _best_view
+
+    node = make_node(3, Result(Status.OK, "verified", timing=Timing.from_samples([1.5], "cuda-events"), timed=True))
+    base = Baseline("cuda", Timing.from_samples([2.0], "cuda-events"), Timing.from_samples([1.0], "cuda-events"))
+    for h2h in (None, HeadToHead.failed("call", "a process died")):
+        view = _best_view(node, "fastest timed candidate", base, "class Model: ...", h2h=h2h)
+        assert view["baseline"] == "compiled" and "no candidate beat torch.compile" in view["why"]
+        assert view["speedups"]["eager"] == 2.0

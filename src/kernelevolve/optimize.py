@@ -74,6 +74,8 @@ class OptimizeConfig:
     # before the run answers, its winner and the baselines timed in interleaved rounds (evaluate/headtohead.py):
     # the speedups it reports come from those rounds, and a winner not faster beyond their noise loses
     head_to_head: bool = True
+    # the baselines the winner meets there (headtohead.SIDES); eager and compiled only where the baseline timed them
+    rivals: tuple[str, ...] = BASELINES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +91,7 @@ class OptimizeConfig:
         d = dict(d)
         d["proposers"] = tuple(d.get("proposers", ("inductor",)))
         d["starts"] = tuple(d.get("starts", ()))
+        d["rivals"] = tuple(d.get("rivals", BASELINES))
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
@@ -208,7 +211,7 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     h2h = None
     if cfg.head_to_head:
         t0 = time.monotonic()
-        h2h = _head_to_head(outcome.best, baseline, pool, on_stage)
+        h2h = _head_to_head(outcome.best, baseline, cfg.rivals, pool, on_stage)
         if h2h is not None:
             phases["head_to_head_s"] = round(time.monotonic() - t0, 3)
             store.update_run(run_id, head_to_head=h2h)
@@ -225,10 +228,13 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     return RunOutcome(run_id, outcome, baseline, best, files, why, phases, starts, h2h)
 
 
-def _head_to_head(best: Node | None, baseline: Baseline | None, pool: Any,
+def _head_to_head(best: Node | None, baseline: Baseline | None, rivals: tuple[str, ...], pool: Any,
                   on_stage: Callable[[str], None]) -> HeadToHead | None:
-    """The winner and the baselines in interleaved rounds, where there is a timed winner and a timed baseline."""
-    sides = [b for b in BASELINES if baseline is not None and getattr(baseline, b) is not None]
+    """The winner and its rivals in interleaved rounds, where there is a timed winner and a timed baseline."""
+    timed = [b for b in BASELINES if baseline is not None and getattr(baseline, b) is not None]
+    sides = [b for b in rivals if b in timed or b not in BASELINES]
+    if not timed:
+        return None
     if best is None or best.result is None or not best.result.timed or not sides:
         return None
     on_stage("head to head: the winner against " + " and ".join(LABELS[b] for b in sides))

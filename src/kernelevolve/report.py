@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kernelevolve.evaluate.headtohead import LABELS, HeadToHead
+from kernelevolve.evaluate.headtohead import COMPILE_OPTIONS, LABELS, HeadToHead
 from kernelevolve.evaluate.result import Baseline, Result, Timing
 from kernelevolve.roofline import counters_html, roofline_svg
 from kernelevolve.rows import Node
@@ -506,14 +506,15 @@ def _best_view(best: Node | None, why: str, baseline: Baseline | None, source: s
 
 
 def _baseline_answer(side: str, why: str, source: str, speedups: dict[str, float]) -> dict[str, Any]:
-    """best.py as the baseline ``side``: the reference itself (eager) or torch.compile's default kernel of it."""
+    """best.py as the baseline ``side``: the reference itself (eager), or torch.compile's kernel of it with that
+    side's options."""
     if side == "eager":
         return {"node": None, "reference": True, "baseline": side, "why": why, "speedups": speedups,
                 "source": reference_candidate(source, why)}
     from kernelevolve.propose.inductor import render
 
     return {"node": None, "reference": False, "baseline": side, "why": why, "speedups": speedups,
-            "source": render(source, {}, "default")}
+            "source": render(source, COMPILE_OPTIONS[side], LABELS[side])}
 
 
 def _clocks_view(baseline: Baseline) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import torch
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate import devshare
 from kernelevolve.evaluate.checks import compare_outputs
-from kernelevolve.evaluate.headtohead import BASELINES, CANDIDATE, HeadToHead, decide
+from kernelevolve.evaluate.headtohead import BASELINES, CANDIDATE, COMPILE_OPTIONS, HeadToHead, decide
 from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
@@ -518,7 +518,7 @@ class Evaluator:
     # --- the head-to-head ----------------------------------------------------------------------------------
     def head_to_head(self, candidate: Candidate, sides: Sequence[str] = BASELINES, gpu: int | None = None,
                      rounds: int = ROUNDS) -> HeadToHead:
-        """``candidate`` (verified) and the baselines ``sides`` ("eager", "compiled") timed in ``rounds`` rounds,
+        """``candidate`` (verified) and the baselines ``sides`` (headtohead.SIDES) timed in ``rounds`` rounds,
         interleaved, each side in a process of its own prepared alike, on the same input sets, by the configured
         clock; the candidate's outputs of two rounds are checked again. Raises HeadToHeadError where a side cannot
         be timed, or the candidate fails a check (its answer is then the best baseline's)."""
@@ -538,7 +538,7 @@ class Evaluator:
                     child = children[name] = stack.enter_context(Child(job, self.config.timeout_s))
                     _expect(child, "hello")
                     _expect(child, "loaded", send={"cmd": "load"})
-                    prep = _expect(child, "prepared", send=dict(prepare, compiled=name == "compiled"))
+                    prep = _expect(child, "prepared", send=dict(prepare, compile_options=COMPILE_OPTIONS.get(name)))
                     if prep.get("graph_note"):
                         notes[name] = str(prep["graph_note"])[:300]
                 for r in range(rounds):

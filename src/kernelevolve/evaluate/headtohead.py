@@ -15,9 +15,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 CANDIDATE = "candidate"
-# The sides a run's winner meets, by the Baseline field that timed each; "compiled" is torch.compile's default mode.
+# The sides a run's winner meets by default, by the Baseline field that timed each; "compiled" is torch.compile's
+# default mode. "max_autotune" (torch.compile max-autotune without CUDA graphs) may be asked for too.
 BASELINES = ("eager", "compiled")
-LABELS = {CANDIDATE: "the winner", "eager": "eager", "compiled": "torch.compile"}
+# torch.compile's Inductor options of each compiled side (the inductor proposer's seeds use the same)
+COMPILE_OPTIONS: dict[str, dict[str, Any]] = {
+    "compiled": {}, "max_autotune": {"max_autotune": True, "coordinate_descent_tuning": True}}
+SIDES = ("eager", *COMPILE_OPTIONS)
+LABELS = {CANDIDATE: "the winner", "eager": "eager", "compiled": "torch.compile", "max_autotune": "max-autotune"}
 # The confidence of the bounds on a speedup: a sign-test interval of the median per-round ratio (two-sided).
 CONFIDENCE = 0.95
 # The candidate must beat the best baseline by this much at the lower bound. The rounds bound the noise within one

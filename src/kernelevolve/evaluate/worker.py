@@ -374,10 +374,11 @@ class Session:
 
     # --- the head-to-head: rounds of timed calls, which the parent interleaves with other processes' --------------
     def cmd_prepare(self, cmd: dict[str, Any]) -> None:
-        """Ready the function to time in rounds (cmd_round) on the parent's input sets: the model, or the baseline's
-        torch.compile of it, warmed up, and with ``graph``, captured in a CUDA graph (or, where it cannot be, called
+        """Ready the function to time in rounds (cmd_round) on the parent's input sets: the model, or torch.compile of
+        it with ``compile_options`` (a baseline's), warmed up, and with ``graph``, captured in a CUDA graph (or, where it cannot be, called
         as it is, with the reason in ``graph_note``). ``round_ms`` sizes a round's repetitions."""
-        self.fn = torch.compile(self.model) if cmd.get("compiled") else self.model
+        options = cmd.get("compile_options")
+        self.fn = self.model if options is None else torch.compile(self.model, options=options or None)
         seeds = cmd["seeds"]
         self._reset_state()
         with torch.no_grad():

@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 from kernelevolve.candidate import Candidate, Meta
+from kernelevolve.evaluate.headtohead import COMPILE_OPTIONS
 from kernelevolve.propose.base import ProposalContext
 
 # Knobs and their values, as plain data. The first value of each is Inductor's default.
@@ -41,7 +42,7 @@ CPU_KNOBS: dict[str, list[Any]] = {
 # Tried first, in order: the stock modes of torch.compile expressed as options, then single strong knobs.
 SEEDS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
-    ("max-autotune-no-cudagraphs", {"max_autotune": True, "coordinate_descent_tuning": True}),
+    ("max-autotune-no-cudagraphs", COMPILE_OPTIONS["max_autotune"]),
     ("reduce-overhead", {"triton.cudagraphs": True}),
     ("max-autotune", {"max_autotune": True, "coordinate_descent_tuning": True, "triton.cudagraphs": True}),
     ("freezing", {"freezing": True}),

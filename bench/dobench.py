@@ -1,0 +1,74 @@
+"""An independent clock: a returned kernel file and eager PyTorch timed with Triton's do_bench, in a fresh process.
+
+    PYTHONPATH=src python3 bench/dobench.py PROBLEM.py out/best.py [--json out.json]
+
+The problem's Model and the file's ModelNew are built from the problem's init inputs, ModelNew given Model's weights
+(its state_dict, where the entries agree), both called on the problem's own get_inputs() on the GPU, with no grad, as a
+user would call them. Each is timed with ``triton.testing.do_bench`` (the L2 flushed before each call, CUDA events
+around it, the median), three times in turn (eager, the file, eager, ...), and the median of the three kept. The
+judge's harness is not involved: this is the check of its clock that every benchmark row carries (bench/suite.py,
+bench/kernelbench.py). Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROUNDS = 3
+
+
+def _module(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure(problem_path: Path, kernel_path: Path, device: str = "cuda") -> dict[str, Any]:
+    import torch
+    import triton.testing
+
+    problem = _module(problem_path, "dobench_problem")
+    kernel = _module(kernel_path, "dobench_kernel")
+    torch.manual_seed(0)
+    init = problem.get_init_inputs()
+    ref = problem.Model(*init).to(device).eval()
+    new = kernel.ModelNew(*init).to(device).eval()
+    if set(new.state_dict()) == set(ref.state_dict()):
+        new.load_state_dict(ref.state_dict())
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in problem.get_inputs()]
+    times: dict[str, list[float]] = {"eager": [], "kernel": []}
+    with torch.no_grad():
+        for model in (ref, new):  # compile, autotune and load before any timing
+            model(*inputs)
+        torch.cuda.synchronize()
+        for _ in range(ROUNDS):
+            for name, model in (("eager", ref), ("kernel", new)):
+                times[name].append(float(triton.testing.do_bench(lambda m=model: m(*inputs), return_mode="median")))
+    eager, best = statistics.median(times["eager"]), statistics.median(times["kernel"])
+    return {"eager_ms": eager, "kernel_ms": best, "speedup_eager": eager / best if best > 0 else None,
+            "rounds_ms": times, "torch": torch.__version__, "triton": triton.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("problem", type=Path)
+    ap.add_argument("kernel", type=Path, help="a candidate file (ModelNew), e.g. a run's best.py")
+    ap.add_argument("--json", type=Path, help="also write the object here")
+    args = ap.parse_args(argv)
+    out = measure(args.problem.resolve(), args.kernel.resolve())
+    text = json.dumps(out)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
