@@ -3,7 +3,7 @@
 # each writing its logs and JSON under $OUT and printing a short summary last.
 # Usage: OUT=dir STEPS="tests screen experience suite load throughput kernelbench report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
-#        LEVELS="1 2" COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
+#        LEVELS="1 2" SAMPLE=16 SEED=35 COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
 #        NO_MAX_AUTOTUNE=1 JUDGE=3 BASELINE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json EXP_JSON=earlier-experience.json \
 #        PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
@@ -74,8 +74,11 @@ for step in ${STEPS:-tests experience}; do
       # region of those template families (matmul: the GEMM problems)
       [ -n "${KB_JSON:-}" ] && cp "$KB_JSON" "$OUT/kernelbench.json"
       # shellcheck disable=SC2086
+      # SAMPLE=N SEED=S: N problems drawn at random from the levels instead of the matched ones
+      if [ -n "${SAMPLE:-}" ]; then PICK="--sample $SAMPLE --seed ${SEED:-0}"
+      else PICK="--matched ${COVERAGE:-bench/results/2026-12-02-kernelbench-coverage.json}"; fi
       python3 bench/kernelbench.py --root "${KB_ROOT:-../shared/kernelbench}" --device cuda --level ${LEVELS:-1 2} \
-        --matched "${COVERAGE:-bench/results/2026-12-02-kernelbench-coverage.json}" ${LIMIT:+--limit $LIMIT} \
+        $PICK ${LIMIT:+--limit $LIMIT} \
         ${MIN_CLAIMED:+--min-claimed $MIN_CLAIMED} ${FAMILIES:+--families $FAMILIES} ${NO_MAX_AUTOTUNE:+--no-max-autotune} \
         --budget-s "${BUDGET:-20}" ${DEADLINE:+--deadline-s $DEADLINE} --out-dir "$OUT/kernelbench" \
         --json "$OUT/kernelbench.json" 2>&1 | tee "$OUT/kernelbench.log" | tail -8

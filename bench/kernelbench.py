@@ -23,6 +23,7 @@ import gc
 import json
 import math
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -70,6 +71,13 @@ def select_problems(root: Path, levels: list[int], names: list[str] | None) -> l
             raise KernelBenchError(f"no problem of level(s) {levels} matches {name!r}")
         chosen += [p for p in hits if p not in chosen]
     return chosen
+
+
+def draw(paths: list[Path], n: int, seed: int) -> list[Path]:
+    """``n`` of ``paths`` drawn at random with ``seed`` (the same draw for the same seed and corpus), in KernelBench's
+    order: a sample of what users will meet, not of what a family already matches."""
+    chosen = set(random.Random(seed).sample(range(len(paths)), min(n, len(paths))))
+    return [p for i, p in enumerate(paths) if i in chosen]
 
 
 def matched_problems(paths: list[Path], coverage: Path, families: list[str] | None = None,
@@ -353,6 +361,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--min-claimed", type=float, default=0.0, metavar="SHARE",
                     help="with --matched: only problems with at least this share of their ops claimed (1 = all)")
     ap.add_argument("--limit", type=int, help="at most this many problems, in order")
+    ap.add_argument("--sample", type=int, metavar="N",
+                    help="N problems drawn at random from the levels' problems (with --seed), whatever they match")
+    ap.add_argument("--seed", type=int, default=0, help="the seed of --sample's draw")
     ap.add_argument("--device", choices=("cuda", "cpu"))
     ap.add_argument("--judge-only", action="store_true", help="judge eager, torch.compile and max-autotune only")
     ap.add_argument("--max-eager-ms", type=float, default=100.0,
@@ -392,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
             paths = matched_problems(paths, args.matched, args.families, args.min_claimed)
         elif args.families or args.min_claimed:
             raise KernelBenchError("--families and --min-claimed need --matched")
+        if args.sample is not None:
+            if args.matched or args.problems:
+                raise KernelBenchError("--sample draws from all of the levels' problems: not with --matched or "
+                                       "--problems")
+            paths = draw(paths, args.sample, args.seed)
         if args.limit is not None and args.limit < 1:
             raise KernelBenchError(f"--limit {args.limit}: give at least 1")
         paths = paths[:args.limit] if args.limit is not None else paths

@@ -158,9 +158,7 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != {n_inputs} or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _s = [_kernelevolve_state(self, *path) for path in {state_paths!r}]
-        _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
-{body}
+{prologue}{body}
 
 
 def _kernelevolve_state(module, *path):
@@ -172,10 +170,13 @@ def _kernelevolve_state(module, *path):
 
 
 def _kernelevolve_shapes_match(args):
-    return all((
-{guards}
-    ))
+    return ({guards})
 '''
+# The forward's first lines, each written only where the body reads what it defines: every line runs on every call,
+# and a call's Python is part of its time.
+STATE_LINE = "_s = [_kernelevolve_state(self, *path) for path in {state_paths!r}]"
+DEVICE_LINE = ("_dev = next((a.device for a in list(args) + {state} if isinstance(a, torch.Tensor)), "
+               "torch.device(\"cpu\"))")
 
 
 def assemble(problem_source: str, graph: CapturedGraph, matches: list[Match], kernels: list[tuple[Match, str, str]],
@@ -190,7 +191,12 @@ def assemble(problem_source: str, graph: CapturedGraph, matches: list[Match], ke
     parts.append(problem_source.rstrip())
     parts.append("# ---- end of reference " + "-" * 89)
     paths = [tuple(k.split(".")) for k in graph.state_names]  # split once here, not on every call
-    cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs, state_paths=paths,
+    text = "\n".join(body)
+    prologue = [STATE_LINE.format(state_paths=paths)] if paths else []
+    if "_dev" in text:
+        prologue.append(DEVICE_LINE.format(state="_s" if paths else "[]"))
+    cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs,
+                       prologue="".join(f"        {line}\n" for line in prologue),
                        body="\n".join("        " + line for line in body),
-                       guards="\n".join(f"        {c}," for c in _guard(graph, dynamic or {})))
+                       guards="\n            and ".join(_guard(graph, dynamic or {})))
     return "\n\n\n".join(parts) + "\n" + cls

@@ -131,7 +131,6 @@ class ModelNew(Model):
         if len(args) != 1 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
         _s = [_kernelevolve_state(self, *path) for path in [('fc', 'weight'), ('fc', 'bias')]]
-        _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_add, = k0_cross(_s[0], _s[1], args[0])
         return v_add
 
@@ -145,6 +144,4 @@ def _kernelevolve_state(module, *path):
 
 
 def _kernelevolve_shapes_match(args):
-    return all((
-        tuple(args[0].shape) == (23, 32) and args[0].dtype == torch.float32,
-    ))
+    return (tuple(args[0].shape) == (23, 32) and args[0].dtype == torch.float32)

@@ -139,7 +139,6 @@ class ModelNew(Model):
         if len(args) != 1 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
         _s = [_kernelevolve_state(self, *path) for path in [('w1', 'weight'), ('w3', 'weight')]]
-        _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_mul_1, = k0_dual_gemm(_s[0], args[0], _s[1])
         return v_mul_1
 
@@ -153,6 +152,4 @@ def _kernelevolve_state(module, *path):
 
 
 def _kernelevolve_shapes_match(args):
-    return all((
-        tuple(args[0].shape) == (19, 32) and args[0].dtype == torch.float32,
-    ))
+    return (tuple(args[0].shape) == (19, 32) and args[0].dtype == torch.float32)

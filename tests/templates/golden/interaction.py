@@ -108,8 +108,6 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 2 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _s = [_kernelevolve_state(self, *path) for path in []]
-        _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_cat_1, = k0_interaction(args[0], args[1])
         return v_cat_1
 
@@ -123,7 +121,5 @@ def _kernelevolve_state(module, *path):
 
 
 def _kernelevolve_shapes_match(args):
-    return all((
-        tuple(args[0].shape) == (7, 16) and args[0].dtype == torch.float32,
-        tuple(args[1].shape) == (7, 5, 16) and args[1].dtype == torch.float32,
-    ))
+    return (tuple(args[0].shape) == (7, 16) and args[0].dtype == torch.float32
+            and tuple(args[1].shape) == (7, 5, 16) and args[1].dtype == torch.float32)

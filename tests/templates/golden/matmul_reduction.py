@@ -125,7 +125,6 @@ class ModelNew(Model):
         if len(args) != 1 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
         _s = [_kernelevolve_state(self, *path) for path in [('gate', 'weight'), ('gate', 'bias')]]
-        _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_div, = k0_matmul_reduction(_s[0], _s[1], args[0])
         return v_div
 
@@ -139,6 +138,4 @@ def _kernelevolve_state(module, *path):
 
 
 def _kernelevolve_shapes_match(args):
-    return all((
-        tuple(args[0].shape) == (1030, 40) and args[0].dtype == torch.float32,
-    ))
+    return (tuple(args[0].shape) == (1030, 40) and args[0].dtype == torch.float32)

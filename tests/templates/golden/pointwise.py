@@ -79,8 +79,6 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 3 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _s = [_kernelevolve_state(self, *path) for path in []]
-        _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_add, = k0_pointwise(args[1], args[0], args[2])
         return v_add
 
@@ -94,8 +92,6 @@ def _kernelevolve_state(module, *path):
 
 
 def _kernelevolve_shapes_match(args):
-    return all((
-        tuple(args[0].shape) == (33, 40) and args[0].dtype == torch.float32,
-        tuple(args[1].shape) == (33, 40) and args[1].dtype == torch.float32,
-        tuple(args[2].shape) == (1, 40) and args[2].dtype == torch.float32,
-    ))
+    return (tuple(args[0].shape) == (33, 40) and args[0].dtype == torch.float32
+            and tuple(args[1].shape) == (33, 40) and args[1].dtype == torch.float32
+            and tuple(args[2].shape) == (1, 40) and args[2].dtype == torch.float32)

@@ -83,8 +83,6 @@ class ModelNew(Model):
     def forward(self, *args):
         if len(args) != 1 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-        _s = [_kernelevolve_state(self, *path) for path in []]
-        _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_div, = k0_row_reduction(args[0])
         return v_div
 
@@ -98,6 +96,4 @@ def _kernelevolve_state(module, *path):
 
 
 def _kernelevolve_shapes_match(args):
-    return all((
-        tuple(args[0].shape) == (17, 300) and args[0].dtype == torch.float32,
-    ))
+    return (tuple(args[0].shape) == (17, 300) and args[0].dtype == torch.float32)

@@ -109,7 +109,6 @@ class ModelNew(Model):
         if len(args) != 2 or not _kernelevolve_shapes_match(args):
             return super().forward(*args)  # shapes the kernels were not generated for: the reference path
         _s = [_kernelevolve_state(self, *path) for path in [('emb', 'weight')]]
-        _dev = next((a.device for a in list(args) + _s if isinstance(a, torch.Tensor)), torch.device("cpu"))
         v_getitem, = k0_segment(_s[0], args[0], args[1])
         return v_getitem
 
@@ -123,7 +122,5 @@ def _kernelevolve_state(module, *path):
 
 
 def _kernelevolve_shapes_match(args):
-    return all((
-        tuple(args[0].shape) == (30,) and args[0].dtype == torch.int64,
-        tuple(args[1].shape) == (9,) and args[1].dtype == torch.int64,
-    ))
+    return (tuple(args[0].shape) == (30,) and args[0].dtype == torch.int64
+            and tuple(args[1].shape) == (9,) and args[1].dtype == torch.int64)
