@@ -202,8 +202,8 @@ def test_the_reference_as_its_own_candidate_reads_one_on_the_gpu(tmp_path: Path,
 @pytest.mark.gpu
 @needs_gpu
 def test_launch_work_is_in_the_call_clock_and_not_in_the_device_clock(tmp_path: Path) -> None:
-    """A candidate that spends 0.2 ms of Python before its one tiny kernel: the device clock hardly sees it, the call
-    clock does (before the harness waited for the device to go idle, its refill and flush hid it)."""
+    """A candidate that spends 0.5 ms of Python before its tiny kernels: the device clock hardly sees it, the call
+    clock does, less what the flush queued ahead of the call hides (~0.07 ms on an H200, as under do_bench)."""
     source = PROBLEM.format(rows=256, cols=256)
     slow = source + '''
 
@@ -213,7 +213,7 @@ import time
 class ModelNew(Model):
     def forward(self, x):
         t = time.perf_counter()
-        while time.perf_counter() - t < 2e-4:
+        while time.perf_counter() - t < 5e-4:
             pass
         return super().forward(x)
 '''
@@ -224,5 +224,5 @@ class ModelNew(Model):
     r = ev.evaluate(Candidate(slow, proposer="manual"))
     assert r.status is Status.OK, (r.reason, r.error)
     t = r.timing
-    assert t.call_ms > 0.2 and t.host_ms > 0.2 and t.device_ms < 0.1 and t.launch_bound, t
+    assert t.call_ms > 0.3 and t.host_ms > 0.5 and t.device_ms < 0.1 and t.launch_bound, t
     assert t.graph_ms is not None and t.graph_ms < 0.1  # replayed, the Python is gone

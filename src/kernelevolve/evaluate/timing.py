@@ -38,8 +38,9 @@ FLUSH_BYTES = {"cuda": 256 << 20, "cpu": 64 << 20}
 
 
 # The clocks a kernel is timed by (docs/timing.md):
-# call    the latency of one call from Python with the device idle when it starts, as an eager program calls it: the
-#         host's launch work is in it wherever the kernels are shorter than their launches. The default.
+# call    one call from Python with the cache cold, timed as triton.testing.do_bench times it: the flush is the only
+#         device work queued ahead of the call, so host launch work past the flush's ~0.07 ms (H200) shows. The
+#         default.
 # device  the same call with the device kept busy while the host launches it (a sleep queued ahead of the call): the
 #         kernels' own time, back to back, without launch gaps. Reported beside the call latency, never selected.
 # graph   the call captured once in a CUDA graph and replayed: what a model served with CUDA graphs (or
@@ -160,10 +161,10 @@ def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
             live: "_LiveInputs | None" = None) -> TimingRun:
     """Time ``reps`` calls of ``fn``. Before each, outside the timed window, the next input set's values are copied
     into the same buffers (so a cache keyed on pointer, id or version goes stale) and the cache is flushed; on a GPU
-    the loop then waits for the device to go idle, so that the call starts as an eager program's does, with nothing
-    queued ahead of it to hide its launches behind (the call clock). ``ahead_ms`` > 0 queues that long a sleep on the
-    device before the start event instead (the device clock): the host launches the whole call while the device is
-    still busy, and the events time the kernels alone. The outputs of the repetitions in ``keep`` are copied (to
+    the loop waits for the refill to finish and queues the flush alone ahead of the call, as do_bench does (the call
+    clock: launch work past the flush's time shows). ``ahead_ms`` > 0 queues that long a sleep on the device after
+    the flush (the device clock): the host launches the whole call while the device is still busy, and the events
+    time the kernels alone. The outputs of the repetitions in ``keep`` are copied (to
     host memory with ``keep_on_host``) and returned, so that timed calls can be checked too, followed by what
     ``extra`` returns after such a call (a model's state), read outside the timed window. ``before`` runs before each
     call, outside the window too. ``in_place``: the only input set is itself the buffer, refilled from itself (for
@@ -276,11 +277,14 @@ def _time_cuda(fn, live: LiveInputs, reps: int, flush: torch.Tensor | None, warm
     for i, (start, stop, idle) in enumerate(events):
         with _no_modes():
             args = live.load(i)
-            if flush is not None:
-                _zero(flush)
-        # The refill and the flush take the device ~0.1 ms (256 MB zeroed on an H200): left queued, they would hide
-        # up to that much of the call's launch work, which a user's call does not hide.
+        # The refill done, the flush alone is queued ahead of the call, as triton.testing.do_bench queues its own
+        # (256 MB zeroed, ~0.07 ms on an H200): every kernel, candidate or baseline, has that much device work to
+        # launch behind and no more. A refill left queued too hid up to its own time more, and more for larger
+        # inputs (a bf16 LayerNorm's Python launcher read 1.72x eager where do_bench read 1.32x).
         _sync()
+        if flush is not None:
+            with _no_modes():
+                _zero(flush)
         if ahead_cycles:
             _sleep(ahead_cycles)
         _record(start)
