@@ -140,13 +140,16 @@ CPU_SIZES = [(64, 64), (512, 1000), (2048, 2048)]
 @pytest.mark.parametrize("rows, cols", CPU_SIZES)
 def test_the_reference_as_its_own_candidate_reads_one_on_the_cpu(tmp_path: Path, rows: int, cols: int) -> None:
     """Each side is timed in a process of its own, prepared alike; before the allocator's thresholds were fixed the
-    baseline's process paid page faults on every call the candidate's did not (4.8x for [512, 1000])."""
+    baseline's process paid page faults on every call the candidate's did not (4.8x for [512, 1000]). Two separate
+    timings on a shared 2-core machine still differ by up to ~15%, and ~30% for a call of 0.05 ms that is mostly
+    Python (where the buffers and the interpreter's own data lie after each flush): the head-to-head below is what
+    bounds that noise."""
     source = PROBLEM.format(rows=rows, cols=cols)
     ev = evaluator(tmp_path, source, "cpu", 150.0)
     r = ev.evaluate(as_candidate(source))
     assert r.status is Status.OK and r.timed, (r.reason, r.error)
     r = r.with_baseline(ev.baseline(compiled=False))
-    assert 0.85 < r.speedup_eager < 1.15, (r.runtime_ms, r.speedup_eager)
+    assert 0.7 < r.speedup_eager < 1 / 0.7, (r.runtime_ms, r.speedup_eager)
 
 
 def test_the_reference_in_a_head_to_head_is_not_faster_than_itself(tmp_path: Path) -> None:

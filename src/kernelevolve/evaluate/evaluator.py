@@ -24,7 +24,7 @@ from kernelevolve.evaluate.headtohead import BASELINES, CANDIDATE, COMPILE_OPTIO
 from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
-from kernelevolve.evaluate.timing import TimingConfig
+from kernelevolve.evaluate.timing import TimingConfig, loop_ms
 from kernelevolve.problem import (Problem, StateSlots, as_outputs, build_model, import_module_from_path,
                                  input_specs, make_inputs)
 
@@ -395,7 +395,7 @@ class Evaluator:
         _raise_on_fail(header, reply)
         return header, blob
 
-    def _time_command(self, child: Child, cmd: dict[str, Any]) -> tuple[dict, dict, Buffer]:
+    def _time_command(self, child: Child, cmd: dict[str, Any], gpu: int | None = None) -> tuple[dict, dict, Buffer]:
         """The child times a no-op over the same inputs (the loop's own cost), then the model by the call clock, and
         on a GPU by the device clock too (its samples come back as ``res["device_clock_ms"]``)."""
         child.send(cmd)
@@ -403,9 +403,12 @@ class Evaluator:
         _expect(child, "kept")
         res, blob = self._timed_with_outputs(child, "timed")
         if self.config.device == "cuda":
-            dev, _ = self._timed_with_outputs(child, "device")
+            dev, dev_blob = self._timed_with_outputs(child, "device")
             _check_reported(dev)
-            res["device_clock_ms"] = dev["samples_ms"]
+            if cmd.get("check_at") and not cmd.get("compiled") and dev.get("kept"):  # a candidate's: checked too
+                self._check_timed_outputs(dev, dev_blob, cmd["seeds"], gpu, {})
+            res.update(device_clock_ms=dev["samples_ms"], device_idle_ms=dev["device_ms"],
+                       **{k: _finite(dev.get(k)) for k in ("flush_ms", "queue_ms")})
         return calib, res, blob
 
     def _timed_with_outputs(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
@@ -479,7 +482,7 @@ class Evaluator:
         cmd = {"cmd": "time", "seeds": seeds, "shape": 0, "check_at": check_at}
         self._release_cache(gpu)
         details["timed_at"] = round(time.time(), 3)  # when, by the clock of the day: to set beside a GPU trace
-        calib, res, blob = self._time_command(child, cmd)
+        calib, res, blob = self._time_command(child, cmd, gpu)
         samples, device_ms = res["samples_ms"], res["device_ms"]
         reps, wall = len(samples), res["parent_wall_s"]
         per_rep_s = calib["parent_wall_s"] / max(calib["reps"], 1)
@@ -506,7 +509,7 @@ class Evaluator:
             if gap > calib_gap + max(SIDE_STREAM_MS, SIDE_STREAM_FRAC * statistics.median(samples)):
                 details["side_stream"] = f"work outlived the calling stream by {gap:.3f} ms; timed to device idle"
                 chosen = device_ms
-        return _clocks(chosen, res)
+        return _clocks(chosen, res, "side_stream" in details)
 
     def _release_cache(self, gpu: int | None) -> None:
         """Hand the memory this process's allocator keeps from computing references back to the device, so that the
@@ -596,12 +599,21 @@ class Evaluator:
         return Baseline(self.config.device, timings["eager"], timings["compiled"], compile_s, error.strip())
 
 
-def _clocks(samples_ms: list[float], res: dict[str, Any]) -> Timing:
-    """The Timing of a timed loop's samples (the call clock), with the host's launch time and the device clock's
-    median beside it where the child measured them."""
-    dev = res.get("device_clock_ms")
-    return Timing.from_samples(samples_ms, res["method"], host_ms=_finite(res.get("host_ms")),
-                               device_ms=statistics.median(dev) if dev else None)
+def _clocks(samples_ms: list[float], res: dict[str, Any], side_stream: bool = False) -> Timing:
+    """The Timing of a timed loop: on a GPU, its call time in a loop of calls (timing.loop_ms: the device clock's
+    median where the host keeps ahead of the device, else the synchronized calls' ``samples_ms``), with the host's
+    launch time, the device time and the synchronized call's time beside it. Work a call leaves on a side stream
+    (``side_stream``) is timed to device idle, never by the device clock."""
+    t = Timing.from_samples(samples_ms, res["method"], host_ms=_finite(res.get("host_ms")))
+    dev, flush, queue = res.get("device_clock_ms"), res.get("flush_ms"), res.get("queue_ms")
+    if not dev or t.host_ms is None:
+        return t
+    device = statistics.median(dev)
+    t = replace(t, device_ms=device, sync_ms=t.median_ms)
+    if side_stream or flush is None or queue is None:
+        return t
+    call = loop_ms(t.median_ms, device, t.host_ms, flush, queue)
+    return replace(t, median_ms=call, call_ms=call)
 
 
 def _check_reported(res: dict[str, Any]) -> None:

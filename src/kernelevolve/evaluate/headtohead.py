@@ -112,7 +112,8 @@ def _bounds(values: list[float]) -> tuple[float, float]:
 def decide(round_ms: dict[str, list[float]], clock: str = "call", notes: dict[str, str] | None = None) -> HeadToHead:
     """The head-to-head's verdict from each side's round medians (``round_ms[side][i]``, the same rounds for every
     side): the best baseline is the one of lowest median, and the candidate is the answer only where the lower bound
-    of its speedup over that baseline is above 1 + MARGIN. Every speedup reported is the answer's, over each baseline."""
+    of its speedup over that baseline is above 1 + MARGIN. Every speedup reported is the answer's, over each
+    baseline."""
     if CANDIDATE not in round_ms:
         raise ValueError("a head-to-head needs the candidate's rounds")
     baselines = [b for b in round_ms if b != CANDIDATE and round_ms[b]]

@@ -33,7 +33,8 @@ class Timing:
     reps: int
     method: str  # "cuda-events" or "perf_counter"
     clock: str = "call"  # which clock median_ms is: "call" or "graph"
-    call_ms: float | None = None  # a call from Python, the cache flushed just before it (as do_bench times it)
+    call_ms: float | None = None  # a call from Python, cache cold, in a loop of calls (as do_bench times it)
+    sync_ms: float | None = None  # one call with nothing but the cache flush queued ahead of it (GPU)
     device_ms: float | None = None  # the call's kernels alone, launched while the device was kept busy (GPU only)
     host_ms: float | None = None  # the host's time from the call to its return (its launches)
     graph_ms: float | None = None  # the call captured in a CUDA graph, replayed (GPU, where it captures)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -38,9 +39,10 @@ FLUSH_BYTES = {"cuda": 256 << 20, "cpu": 64 << 20}
 
 
 # The clocks a kernel is timed by (docs/timing.md):
-# call    one call from Python with the cache cold, timed as triton.testing.do_bench times it: the flush is the only
-#         device work queued ahead of the call, so host launch work past the flush's ~0.07 ms (H200) shows. The
-#         default.
+# call    a call from Python with the cache cold, in a loop of calls, as triton.testing.do_bench times it: on a GPU
+#         (loop_ms) its device time where the host launches faster than the device runs, else the time of one call
+#         with nothing but the flush queued ahead of it (launch work past the flush's ~0.07 ms on an H200 shows).
+#         The default.
 # device  the same call with the device kept busy while the host launches it (a sleep queued ahead of the call): the
 #         kernels' own time, back to back, without launch gaps. Reported beside the call latency, never selected.
 # graph   the call captured once in a CUDA graph and replayed: what a model served with CUDA graphs (or
@@ -180,6 +182,34 @@ def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
     else:
         run = _time_cpu(fn, live, reps, flush, warm_calls, set(keep), keep_on_host, extra)
     return replace(run, cpu=cpu_share(mark, _cpu_mark(), _perf() - t0))
+
+
+def flush_costs(flush: torch.Tensor, reps: int = 9) -> tuple[float, float]:
+    """(the device's ms for one flush, the host's ms to queue a flush and two events), medians of ``reps``: what a
+    do_bench loop queues around each call besides the call itself."""
+    device, host = [], []
+    for _ in range(reps):
+        start, stop = _Event(enable_timing=True), _Event(enable_timing=True)
+        _sync()
+        h = _perf()
+        _record(start)
+        with _no_modes():
+            _zero(flush)
+        _record(stop)
+        host.append((_perf() - h) * 1e3)
+        _sync()
+        device.append(_elapsed(start, stop))
+    return statistics.median(device), statistics.median(host)
+
+
+def loop_ms(sync_ms: float, device_ms: float, host_ms: float, flush_ms: float, queue_ms: float) -> float:
+    """The time of a call in a loop of calls, as triton.testing.do_bench reads it, from what was measured apart.
+    do_bench queues a flush and the call, again and again, and waits only at the end. Where the host queues a
+    repetition (``host_ms`` + ``queue_ms``) faster than the device runs it (``flush_ms`` + ``device_ms``), the host
+    runs ahead and every call's launches hide behind earlier work: the call takes its device time. Where it does not,
+    the device waits for the host at every call, as it does in a loop that waits for the device before each flush:
+    the call takes ``sync_ms``, the launch work past the flush included."""
+    return device_ms if host_ms + queue_ms < flush_ms + device_ms else sync_ms
 
 
 _CYCLES_PER_MS: list[float] = []

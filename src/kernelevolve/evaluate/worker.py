@@ -349,8 +349,8 @@ class Session:
             del stand_in  # and its outputs' memory
             host_ms = self._timed(fn, sets, "timed", calls, reps, check_at, plan)
             if self.device == "cuda":  # the device clock: the same call, launched while the device is kept busy
-                self._timed(fn, sets, "device", calls, max(self.cfg.min_reps, int(reps * self.cfg.side_share)), [],
-                            plan, ahead_ms=2.0 * (host_ms or 0.0) + 0.05)
+                self._timed(fn, sets, "device", calls, max(self.cfg.min_reps, int(reps * self.cfg.side_share)),
+                            check_at[:1], plan, ahead_ms=2.0 * (host_ms or 0.0) + 0.05, note=self._flush_costs())
         self._check_tamper("timing")
 
     def cmd_graph(self, cmd: dict[str, Any]) -> None:
@@ -375,8 +375,9 @@ class Session:
     # --- the head-to-head: rounds of timed calls, which the parent interleaves with other processes' --------------
     def cmd_prepare(self, cmd: dict[str, Any]) -> None:
         """Ready the function to time in rounds (cmd_round) on the parent's input sets: the model, or torch.compile of
-        it with ``compile_options`` (a baseline's), warmed up, and with ``graph``, captured in a CUDA graph (or, where it cannot be, called
-        as it is, with the reason in ``graph_note``). ``round_ms`` sizes a round's repetitions."""
+        it with ``compile_options`` (a baseline's), warmed up, and with ``graph``, captured in a CUDA graph (or,
+        where it cannot be, called as it is, with the reason in ``graph_note``). ``round_ms`` sizes a round's
+        repetitions."""
         options = cmd.get("compile_options")
         self.fn = self.model if options is None else torch.compile(self.model, options=options or None)
         seeds = cmd["seeds"]
@@ -396,22 +397,38 @@ class Session:
                     note = f"not captured, called as it is: {e}"
             _, reps = timing.warm_up(fn, sets, self.device, replace(self.cfg, budget_ms=float(cmd["round_ms"])),
                                      self._before())
-        self.rounds = (fn, sets, live, plan, reps)
+            ahead_ms = self._ahead_ms(fn, sets, plan, live) if self.device == "cuda" and fn is self.fn else 0.0
+        self.rounds = (fn, sets, live, plan, reps, ahead_ms)
         self._check_tamper("warm-up")
-        self.chan.send({"msg": "prepared", "reps": reps, "graph_note": note})
+        self.chan.send({"msg": "prepared", "reps": reps, "graph_note": note, "ahead_ms": ahead_ms})
+
+    def _ahead_ms(self, fn: Any, sets: list[list[Any]], plan: dict[str, Any], live: timing.LiveInputs) -> float:
+        """How the rounds time this side, by timing.loop_ms's rule: where its host launches a call faster than the
+        device runs it, a sleep that long queued ahead of each call (the device clock), else none."""
+        probe = min(self.cfg.max_reps, 20)
+        sync = timing.measure(fn, sets, self.device, probe, self.cfg, in_place=plan["in_place"], before=self._before(),
+                              live=live)
+        host = _median(sync.host_ms) or 0.0
+        ahead = 2.0 * host + 0.05
+        dev = timing.measure(fn, sets, self.device, probe, self.cfg, in_place=plan["in_place"], before=self._before(),
+                             ahead_ms=ahead, live=live)
+        costs = self._flush_costs()
+        device_ms, sync_ms = statistics.median(dev.samples_ms), statistics.median(sync.samples_ms)
+        looped = timing.loop_ms(sync_ms, device_ms, host, costs["flush_ms"], costs["queue_ms"])
+        return ahead if looped == device_ms and looped != sync_ms else 0.0
 
     def cmd_round(self, cmd: dict[str, Any]) -> None:
         """One round of timed calls. Each round but a graph's refills new buffers behind an allocation of a random
         size: where the buffers lie changes a call's time by a few percent (cache sets, page boundaries; +-5% for
         one elementwise op on a CPU), and a layout kept for the whole head-to-head would give one side that offset
         in every round, which no number of rounds averages out."""
-        fn, sets, live, plan, reps = self.rounds
+        fn, sets, live, plan, reps, ahead_ms = self.rounds
         pad = None
         if fn is self.fn and not plan["in_place"]:
             pad = torch.empty(int.from_bytes(os.urandom(3), "little") // 4, dtype=torch.int32, device=self.device)
             live = timing.LiveInputs(sets, False, self._before())
         with torch.no_grad():
-            self._timed(fn, sets, "round", 0, reps, cmd.get("check_at", []), plan, live=live)
+            self._timed(fn, sets, "round", 0, reps, cmd.get("check_at", []), plan, ahead_ms=ahead_ms, live=live)
         del pad, live
         self._check_tamper("a round")
 
@@ -487,9 +504,16 @@ class Session:
         self._keep_initial_state()
 
     # --- helpers --------------------------------------------------------------------------------------------
+    def _flush_costs(self) -> dict[str, float]:
+        flush = torch.empty(timing.FLUSH_BYTES["cuda"], dtype=torch.int8, device=self.device)
+        flush_ms, queue_ms = timing.flush_costs(flush)
+        return {"flush_ms": flush_ms, "queue_ms": queue_ms}
+
     def _timed(self, fn: Any, sets: list[list[Any]], reply: str, calls: int, reps: int, check_at: list[float],
-               plan: dict[str, Any], ahead_ms: float = 0.0, live: timing.LiveInputs | None = None) -> float | None:
-        """One timed loop, driven by the parent's word; returns the median host time of a call (ms)."""
+               plan: dict[str, Any], ahead_ms: float = 0.0, live: timing.LiveInputs | None = None,
+               note: dict[str, Any] | None = None) -> float | None:
+        """One timed loop, driven by the parent's word; returns the median host time of a call (ms). ``note`` goes
+        into the loop's header."""
         keep = sorted({min(reps - 1, int(f * reps)) for f in check_at})
         self.chan.send({"msg": "timing_begin", "reps": reps})
         # The loop starts only on the parent's word, so that the parent's clock of it starts first, whatever the
@@ -500,7 +524,7 @@ class Session:
                              plan["in_place"], self._before(), self.state.read if self.state is not None else None,
                              ahead_ms=ahead_ms, live=live)
         host_ms = _median(run.host_ms)
-        self.chan.send({"msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
+        self.chan.send({**(note or {}), "msg": reply, "samples_ms": run.samples_ms, "device_ms": run.device_ms,
                         "host_ms": host_ms, "cpu": run.cpu,
                         "loop_wall_s": run.loop_wall_s, "reps": reps, "warmup_calls": calls, "method": run.method,
                         "input_sets": len(sets), "first_call_s": self.first_call_s,
