@@ -337,7 +337,7 @@ def fill_clocks(row: dict[str, Any], store: Any, run_id: int) -> None:
     best, _ = best_node(store.nodes(run_id))
     t = best.result.timing if best is not None and best.result is not None else None
     if t is not None:
-        row["clocks"] = {"call_ms": t.call_ms, "device_ms": t.device_ms, "host_ms": t.host_ms,
+        row["clocks"] = {"call_ms": t.call_ms, "sync_ms": t.sync_ms, "device_ms": t.device_ms, "host_ms": t.host_ms,
                          "graph_ms": t.graph_ms, "graph_note": t.graph_note[:120], "launch_bound": t.launch_bound}
 
 

@@ -113,3 +113,12 @@ def test_optimized_rows_render_as_a_table_with_the_summary():
     assert "do_bench checked 1, 1 differ by more than 5%" in text
     assert "| 1_Conv | no |" in text and "boom / bad" in text
     assert "2 problems: correct 0.50; fast_1 against eager 0.50, against torch.compile 0.50" in text
+
+
+def test_a_random_draw_is_fixed_by_its_seed_and_ignores_what_matches(corpus):
+    every = kernelbench.select_problems(corpus, [1], None)
+    one, again = kernelbench.draw(every, 2, seed=35), kernelbench.draw(every, 2, seed=35)
+    assert one == again and len(one) == 2 and set(one) <= set(every)
+    assert one == sorted(one, key=lambda p: every.index(p))  # in KernelBench's order
+    assert {tuple(kernelbench.draw(every, 2, seed=s)) for s in range(20)} != {tuple(one)}  # the seed matters
+    assert kernelbench.draw(every, 10, seed=0) == every

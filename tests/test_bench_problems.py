@@ -151,3 +151,27 @@ def test_a_call_stops_at_its_deadline_and_the_next_goes_on_with_resume(tmp_path:
 
     # rows of another budget are not this run's to go on from
     assert suite.main([*common[:4], "5", *common[5:], *three, "--resume"]) == 2
+
+
+def test_a_rows_speedups_come_from_its_head_to_head_and_the_do_bench_check(tmp_path: Path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from kernelevolve.evaluate.headtohead import CANDIDATE, decide
+
+    row = {"kernelevolve_ms": 0.9, "speedup_eager": 2.4, "speedup_compile": 1.2, "speedup_max_autotune": 1.1,
+           "speedup_best_baseline": 1.1, "notes": []}
+    h2h = decide({CANDIDATE: [1.0] * 10, "eager": [2.0] * 10, "compiled": [1.5] * 10, "max_autotune": [1.25] * 10})
+    suite.fill_head_to_head(row, SimpleNamespace(head_to_head=h2h))
+    assert row["kernelevolve_ms"] == 1.0 and row["judge_ms"] == 0.9 and row["judge_speedup_eager"] == 2.4
+    assert (row["speedup_eager"], row["speedup_compile"], row["speedup_max_autotune"]) == (2.0, 1.5, 1.25)
+    assert row["best_baseline"] == "max_autotune" and row["speedup_best_baseline"] == 1.25
+
+    def fake_run(cmd, **kwargs):  # bench/dobench.py's one line of JSON
+        return SimpleNamespace(returncode=0, stdout='{"eager_ms": 2.0, "kernel_ms": 1.0, "speedup_eager": 1.8}\n',
+                               stderr="")
+
+    monkeypatch.setattr(suite.subprocess, "run", fake_run)
+    suite.check_clock(row, tmp_path / "p.py", tmp_path / "best.py")
+    assert row["do_bench"]["speedup_eager"] == 1.8 and row["clock_ratio"] == pytest.approx(2.0 / 1.8)
+    assert row["clocks_disagree"] and "clocks disagree" in row["notes"][-1]
+    assert suite.summarize([row])["clocks_disagree"] == 1

@@ -196,7 +196,11 @@ def test_the_reference_as_its_own_candidate_reads_one_on_the_gpu(tmp_path: Path,
     assert t.clock == clock and t.graph_ms is not None, t.graph_note  # plain ATen calls capture
     assert t.device_ms <= t.call_ms * 1.02 and t.host_ms > 0
     r = r.with_baseline(ev.baseline(compiled=False))
-    assert 0.95 < r.speedup_eager < 1.05, (t, r.speedup_eager)
+    # Separate timings of a ~0.01 ms call (three tiny kernels) in two processes differed by more than 5% in two of
+    # three H200 runs (2026-12-04, the failing side switching between the call and the graph clock): those get 15%.
+    # The interleaved rounds of the head-to-head, which decide the answer, are held to 3% at every size.
+    bound = 0.15 if rows * cols < 1 << 20 else 0.05
+    assert 1 - bound < r.speedup_eager < 1 + bound, (t, r.speedup_eager)
     h = ev.head_to_head(as_candidate(source), ["eager"])
     assert not h.wins and 0.97 < h.candidate_vs_best[0] < 1.03, h.line()
 
