@@ -206,3 +206,15 @@ def test_inductor_candidate_exports_an_aotinductor_package(tmp_path):
         x, y = torch.randn(64, 48), torch.randn(64, 48)
         torch.testing.assert_close(compiled(x, y), model(x, y))
     store.close()
+
+
+def test_a_run_that_answered_with_a_baseline_exports_its_winner_only_when_named(setup):
+    from kernelevolve.evaluate.headtohead import CANDIDATE, decide
+
+    store, run, node, _ = setup
+    store.update_run(run, head_to_head=decide({CANDIDATE: [1.0] * 10, "eager": [1.0] * 10}))
+    with pytest.raises(ExportError, match="answered with a baseline's kernel"):
+        resolve(store, run, None)
+    assert resolve(store, run, node).id == node
+    store.update_run(run, head_to_head=decide({CANDIDATE: [0.5] * 10, "eager": [1.0] * 10}))
+    assert resolve(store, run, None).id == node

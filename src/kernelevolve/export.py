@@ -146,7 +146,8 @@ def verify_shapes(problem: Problem, source: str, device: str, workdir: Path, tim
 
 # --- approval ---------------------------------------------------------------------------------------------------------
 def resolve(store: Store, run: str | int, candidate: int | None) -> Node:
-    """The node to export: ``candidate`` (a node id of the run), or the run's best verified node."""
+    """The node to export: ``candidate`` (a node id of the run), or the run's best verified node where the run
+    answered with it (not where its head-to-head found it no faster than a baseline)."""
     from kernelevolve.search import best_node
 
     run_id = store.run(run).id
@@ -159,6 +160,10 @@ def resolve(store: Store, run: str | int, candidate: int | None) -> Node:
         node, _ = best_node(nodes)
         if node is None:
             raise ExportError(f"run {run_id} has no verified candidate to export")
+        h2h = store.run(run_id).head_to_head
+        if h2h is not None and h2h.answer and not h2h.wins:
+            raise ExportError(f"run {run_id} answered with a baseline's kernel, not a candidate ({h2h.line()}); "
+                              f"--candidate {node.id} exports its winner all the same")
     if node.result is None or not node.result.ok:
         state = node.result.status.value if node.result else "not evaluated"
         raise ExportError(f"node {node.id} is not verified ({state})")
