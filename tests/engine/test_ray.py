@@ -233,6 +233,20 @@ def test_a_screen_batch_runs_as_one_task(head, problem_file, tmp_path):
     assert [r.status for r in results] == [Status.OK, Status.INCORRECT, Status.CRASHED], results
 
 
+def test_a_head_to_head_runs_on_one_worker(head, problem_file, tmp_path):
+    """The winner against the baselines on a Ray worker: every side in a process of its own there, the rounds and the
+    verdict back to the controller. The candidate is the reference's own computation: it cannot win."""
+    same = "import torch, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n" \
+           "        return torch.relu(x) * 2.0\n"
+    pool = RayPool(_evaluator(problem_file, tmp_path), 1, address=head)
+    try:
+        h2h = pool.head_to_head(Candidate(same), ["eager"])
+    finally:
+        pool.shutdown()
+    assert not h2h.error, h2h.error
+    assert h2h.rounds == 10 and set(h2h.round_ms) == {"candidate", "eager"} and not h2h.wins
+
+
 @needs_proc
 def test_deadline_cancels_a_stuck_task(head, problem_file, tmp_path):
     """A worker that stops answering (here SIGSTOPped) is cancelled past the evaluator's timeout plus the margin."""
