@@ -195,6 +195,8 @@ def best_found(store: Any, run_id: int) -> dict[str, Any]:
     found = max(best.created, row[0]) if row else best.created
     out.update(kernelevolve_ms=best.runtime_ms, best_proposer=best.proposer, best_label=best.label,
                time_to_best_s=_seconds_between(run.created, found))
+    if best.result.timing is not None:  # the judged winner's clocks: call, device, host, graph replay
+        out["clocks"] = best.result.timing.clocks()
     return out
 
 
@@ -330,17 +332,6 @@ def fill_head_to_head(row: dict[str, Any], run: Any) -> None:
         row["notes"].append(h2h.line())
 
 
-def fill_clocks(row: dict[str, Any], store: Any, run_id: int) -> None:
-    """The judged winner's clocks: call latency, device time, host launch time, graph replay."""
-    from kernelevolve.search import best_node
-
-    best, _ = best_node(store.nodes(run_id))
-    t = best.result.timing if best is not None and best.result is not None else None
-    if t is not None:
-        row["clocks"] = {"call_ms": t.call_ms, "sync_ms": t.sync_ms, "device_ms": t.device_ms, "host_ms": t.host_ms,
-                         "graph_ms": t.graph_ms, "graph_note": t.graph_note[:120], "launch_bound": t.launch_bound}
-
-
 def fill_row(row: dict[str, Any], store: Any, run_id: int) -> None:
     """The row's baselines, profile, search counts and speedups from the finished run ``run_id``."""
     run = store.run(run_id)
@@ -363,7 +354,6 @@ def fill_row(row: dict[str, Any], store: Any, run_id: int) -> None:
                    fastest_candidate_ms=row["kernelevolve_ms"])
         row["notes"].append(f"no candidate beat {side}: the run returned its kernel")
     fill_speedups(row)
-    fill_clocks(row, store, run_id)
     fill_head_to_head(row, run)
     row["status"] = "ok" if row.get("kernelevolve_ms") is not None else "no verified timed kernel"
     if base and base.error:

@@ -253,6 +253,7 @@ def _print_outcome(console: Any, outcome: Any, db: str) -> None:
 # --- check ----------------------------------------------------------------------------------------------------------
 def cmd_check(args: argparse.Namespace) -> int:
     from kernelevolve.candidate import Candidate
+    from kernelevolve.evaluate.result import CLOCK_KEYS
     from kernelevolve.optimize import OptimizeConfig, make_evaluator
     from kernelevolve.problem import load_problem
 
@@ -276,7 +277,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                    "speedup_compile": result.speedup_compile,
                    "eager_ms": baseline.eager.median_ms if baseline and baseline.eager else None,
                    "compile_ms": baseline.compiled.median_ms if baseline and baseline.compiled else None,
-                   **_clock_json(result.timing),
+                   **(result.timing.clocks() if result.timing else dict.fromkeys(CLOCK_KEYS)),
                    "error": result.error[-2000:] if result.error else ""}
         print(json.dumps(payload))
     else:
@@ -288,13 +289,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         if result.error and args.verbose:
             print(result.error)
     return EXIT_OK if result.ok else EXIT_FAIL
-
-
-def _clock_json(t: Any) -> dict[str, Any]:
-    keys = ("clock", "call_ms", "device_ms", "host_ms", "graph_ms", "graph_note")
-    out = {k: getattr(t, k) if t is not None else None for k in keys}
-    out["launch_bound"] = bool(t is not None and t.launch_bound)
-    return out
 
 
 def clock_line(t: Any) -> str:

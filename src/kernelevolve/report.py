@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kernelevolve.evaluate.headtohead import COMPILE_OPTIONS, LABELS, HeadToHead
-from kernelevolve.evaluate.result import Baseline, Result, Timing
+from kernelevolve.evaluate.result import Baseline, Result
 from kernelevolve.roofline import counters_html, roofline_svg
 from kernelevolve.rows import Node
 from kernelevolve.search.select import best_node
@@ -518,9 +518,8 @@ def _baseline_answer(side: str, why: str, source: str, speedups: dict[str, float
 
 
 def _clocks_view(baseline: Baseline) -> dict[str, Any]:
-    """Each baseline's clocks (call latency, device, host, graph replay) as plain data."""
-    return {k: {c: getattr(t, c) for c in ("call_ms", "device_ms", "host_ms", "graph_ms", "graph_note")}
-            for k, t in (("eager", baseline.eager), ("compiled", baseline.compiled)) if t is not None}
+    """Each baseline's clocks as plain data."""
+    return {k: t.clocks() for k, t in (("eager", baseline.eager), ("compiled", baseline.compiled)) if t is not None}
 
 
 def start_of(node: Node, history: Sequence[Node]) -> Node | None:
@@ -575,19 +574,11 @@ def _node_view(node: Node, baseline: Baseline | None) -> dict[str, Any]:
             "screen_status": sc.status.value if sc else None, "screen_ms": sc.ms if sc else None,
             "finalist": node.finalist,
             "runtime_ms": r.runtime_ms if r else None, "timed": bool(r and r.timed),
-            **_clock_fields(r.timing if r else None),
+            **(r.timing.clocks() if r and r.timing else {}),
             "speedup_eager": r.speedup_eager if r else None, "speedup_compile": r.speedup_compile if r else None,
             "compile_s": r.compile_s if r else None, "load_s": r.load_s if r else None,
             "wall_s": r.wall_s if r else None, "created": node.created, "cached": node.cached,
             "meta": node.meta, "error": (r.error if r else "") or "", "source": node.source}
-
-
-def _clock_fields(t: Timing | None) -> dict[str, Any]:
-    """A timing's clocks beside its median: the device and host times (a launch-bound call named), the graph's."""
-    if t is None:
-        return {"device_ms": None, "host_ms": None, "graph_ms": None, "graph_note": "", "launch_bound": False}
-    return {"device_ms": t.device_ms, "host_ms": t.host_ms, "graph_ms": t.graph_ms, "graph_note": t.graph_note,
-            "launch_bound": t.launch_bound}
 
 
 def _reason(r: Result | None) -> str:

@@ -20,7 +20,7 @@ import torch
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate import devshare
 from kernelevolve.evaluate.checks import compare_outputs
-from kernelevolve.evaluate.headtohead import BASELINES, CANDIDATE, COMPILE_OPTIONS, HeadToHead, decide
+from kernelevolve.evaluate.headtohead import BASELINES, CANDIDATE, COMPILE_OPTIONS, SIDES, HeadToHead, decide
 from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
@@ -384,9 +384,10 @@ class Evaluator:
             return
         raise _Verdict(Status.REJECTED, "output is still correct with the candidate's Triton kernels disabled")
 
-    def _timed(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
-        """Receive one timed loop; add the parent's own clock reading of it as ``parent_wall_s``."""
-        header, _ = child.recv()
+    def _timed(self, child: Child, reply: str, begin: dict[str, Any] | None = None) -> tuple[dict[str, Any], Buffer]:
+        """Receive one timed loop; add the parent's own clock reading of it as ``parent_wall_s``. ``begin``: the
+        loop's first message, where the caller has read it already."""
+        header = begin if begin is not None else child.recv()[0]
         _raise_on_fail(header, "timing_begin")
         t0 = time.perf_counter()
         child.send({"cmd": "go"})
@@ -405,15 +406,16 @@ class Evaluator:
         if self.config.device == "cuda":
             dev, dev_blob = self._timed_with_outputs(child, "device")
             _check_reported(dev)
-            if cmd.get("check_at") and not cmd.get("compiled") and dev.get("kept"):  # a candidate's: checked too
+            if cmd.get("check_at"):  # a candidate's (a baseline's keeps none): checked too
                 self._check_timed_outputs(dev, dev_blob, cmd["seeds"], gpu, {})
             res.update(device_clock_ms=dev["samples_ms"], device_idle_ms=dev["device_ms"],
                        **{k: _finite(dev.get(k)) for k in ("flush_ms", "queue_ms")})
         return calib, res, blob
 
-    def _timed_with_outputs(self, child: Child, reply: str) -> tuple[dict[str, Any], Buffer]:
+    def _timed_with_outputs(self, child: Child, reply: str,
+                            begin: dict[str, Any] | None = None) -> tuple[dict[str, Any], Buffer]:
         """One timed loop and the outputs it kept, in one header."""
-        res, _ = self._timed(child, reply)
+        res, _ = self._timed(child, reply, begin)
         kept, blob = child.recv()
         _raise_on_fail(kept, "kept")
         outputs = {k: kept[k] for k in ("tensors", "kept", "shared") if k in kept}
@@ -433,17 +435,9 @@ class Evaluator:
         if header.get("msg") == "no_graph":
             return replace(timing_, graph_note=f"not captured: {str(header.get('reason', ''))[:300]}")
         try:
-            _raise_on_fail(header, "timing_begin")
-            child.send({"cmd": "go"})
-            t0 = time.perf_counter()
-            res, _ = child.recv()
-            res["parent_wall_s"] = time.perf_counter() - t0
-            _raise_on_fail(res, "graph")
-            kept, blob = child.recv()
-            _raise_on_fail(kept, "kept")
+            res, blob = self._timed_with_outputs(child, "graph", header)
             _check_reported(res)
-            self._check_timed_outputs(dict(res, **{k: kept[k] for k in ("tensors", "kept", "shared") if k in kept}),
-                                      blob, seeds, gpu, {})
+            self._check_timed_outputs(res, blob, seeds, gpu, {})
         except _Verdict as v:
             if v.status is Status.REJECTED:  # a cheat is a cheat under replay too
                 raise
@@ -525,6 +519,9 @@ class Evaluator:
         interleaved, each side in a process of its own prepared alike, on the same input sets, by the configured
         clock; the candidate's outputs of two rounds are checked again. Raises HeadToHeadError where a side cannot
         be timed, or the candidate fails a check (its answer is then the best baseline's)."""
+        unknown = [s for s in sides if s not in SIDES]
+        if unknown:
+            raise ValueError(f"unknown head-to-head sides {unknown}; known: {', '.join(SIDES)}")
         names = [CANDIDATE, *sides]
         medians: dict[str, list[float]] = {n: [] for n in names}
         notes: dict[str, str] = {}

@@ -21,6 +21,9 @@ class Status(str, enum.Enum):
     REJECTED = "rejected"  # a cheat was detected
 
 
+CLOCK_KEYS = ("clock", "call_ms", "sync_ms", "device_ms", "host_ms", "graph_ms", "graph_note", "launch_bound")
+
+
 @dataclass(frozen=True)
 class Timing:
     """Median and spread of repeated measurements, in milliseconds. ``median_ms`` is the clock that ranks kernels
@@ -51,6 +54,10 @@ class Timing:
         if clock == "graph" and self.graph_ms is not None:
             return replace(self, median_ms=self.graph_ms, clock="graph")
         return self if self.call_ms is None else replace(self, median_ms=self.call_ms, clock="call")
+
+    def clocks(self) -> dict[str, Any]:
+        """The clocks beside the median, as plain data (a report, a JSON line, a benchmark row): CLOCK_KEYS."""
+        return {k: getattr(self, k) for k in CLOCK_KEYS}
 
     @property
     def launch_bound(self) -> bool:

@@ -47,7 +47,6 @@ FLUSH_BYTES = {"cuda": 256 << 20, "cpu": 64 << 20}
 #         kernels' own time, back to back, without launch gaps. Reported beside the call latency, never selected.
 # graph   the call captured once in a CUDA graph and replayed: what a model served with CUDA graphs (or
 #         torch.compile(mode="reduce-overhead")) sees. Selected with --timing graph.
-CLOCKS = ("call", "graph")
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class TimingConfig:
     min_reps: int = 5
     max_reps: int = 1000
     flush: bool = True
-    clock: str = "call"  # the clock that ranks kernels: "call" or "graph" (CLOCKS)
+    clock: str = "call"  # the clock that ranks kernels: "call" or "graph"
     # the device and graph loops take this share of the call loop's repetitions (all of them for the selected clock)
     side_share: float = 0.34
 
@@ -160,16 +159,16 @@ def measure(fn: Callable[..., Any], input_sets: Sequence[Sequence[Any]], device:
             cfg: TimingConfig = TimingConfig(), warm_calls: int = 0, keep: Sequence[int] = (),
             keep_on_host: bool = False, in_place: bool = False, before: Callable[[], None] | None = None,
             extra: Callable[[], Sequence[Any]] | None = None, ahead_ms: float = 0.0,
-            live: "_LiveInputs | None" = None) -> TimingRun:
+            live: "LiveInputs | None" = None) -> TimingRun:
     """Time ``reps`` calls of ``fn``. Before each, outside the timed window, the next input set's values are copied
     into the same buffers (so a cache keyed on pointer, id or version goes stale) and the cache is flushed; on a GPU
     the loop waits for the refill to finish and queues the flush alone ahead of the call, as do_bench does (the call
     clock: launch work past the flush's time shows). ``ahead_ms`` > 0 queues that long a sleep on the device after
     the flush (the device clock): the host launches the whole call while the device is still busy, and the events
-    time the kernels alone. The outputs of the repetitions in ``keep`` are copied (to
-    host memory with ``keep_on_host``) and returned, so that timed calls can be checked too, followed by what
-    ``extra`` returns after such a call (a model's state), read outside the timed window. ``before`` runs before each
-    call, outside the window too. ``in_place``: the only input set is itself the buffer, refilled from itself (for
+    time the kernels alone. The outputs of the repetitions in ``keep`` are copied (to host memory with
+    ``keep_on_host``) and returned, so that timed calls can be checked too, followed by what ``extra`` returns after
+    such a call (a model's state), read outside the timed window. ``before`` runs before each call, outside the
+    window too. ``in_place``: the only input set is itself the buffer, refilled from itself (for
     inputs too large to hold twice; only for ops that leave their inputs alone). ``live``: the buffers to refill
     (a CUDA graph captured on them); by default a set of its own."""
     cuda = device.startswith("cuda")
@@ -202,14 +201,24 @@ def flush_costs(flush: torch.Tensor, reps: int = 9) -> tuple[float, float]:
     return statistics.median(device), statistics.median(host)
 
 
+def host_keeps_ahead(device_ms: float, host_ms: float, flush_ms: float, queue_ms: float) -> bool:
+    """Whether, in a loop of calls as triton.testing.do_bench runs one (a flush and the call queued again and again,
+    a wait only at the end), the host queues a repetition (``host_ms`` + ``queue_ms``) faster than the device runs it
+    (``flush_ms`` + ``device_ms``). Then the host runs ahead, every call's launches hide behind earlier work, and a
+    call takes its device time; else the device waits for the host at every call, as in a loop that waits for the
+    device before each flush, and a call takes that loop's time, the launch work past the flush included."""
+    return host_ms + queue_ms < flush_ms + device_ms
+
+
 def loop_ms(sync_ms: float, device_ms: float, host_ms: float, flush_ms: float, queue_ms: float) -> float:
-    """The time of a call in a loop of calls, as triton.testing.do_bench reads it, from what was measured apart.
-    do_bench queues a flush and the call, again and again, and waits only at the end. Where the host queues a
-    repetition (``host_ms`` + ``queue_ms``) faster than the device runs it (``flush_ms`` + ``device_ms``), the host
-    runs ahead and every call's launches hide behind earlier work: the call takes its device time. Where it does not,
-    the device waits for the host at every call, as it does in a loop that waits for the device before each flush:
-    the call takes ``sync_ms``, the launch work past the flush included."""
-    return device_ms if host_ms + queue_ms < flush_ms + device_ms else sync_ms
+    """The time of a call in a loop of calls, as do_bench reads it, from what was measured apart (host_keeps_ahead)."""
+    return device_ms if host_keeps_ahead(device_ms, host_ms, flush_ms, queue_ms) else sync_ms
+
+
+def ahead_for(host_ms: float | None) -> float:
+    """The sleep (ms) the device clock queues ahead of a call whose host time is ``host_ms``: twice that and 0.05 ms,
+    so that the host has launched the whole call before the sleep ends."""
+    return 2.0 * (host_ms or 0.0) + 0.05
 
 
 _CYCLES_PER_MS: list[float] = []

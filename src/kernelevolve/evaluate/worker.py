@@ -350,16 +350,14 @@ class Session:
             host_ms = self._timed(fn, sets, "timed", calls, reps, check_at, plan)
             if self.device == "cuda":  # the device clock: the same call, launched while the device is kept busy
                 self._timed(fn, sets, "device", calls, max(self.cfg.min_reps, int(reps * self.cfg.side_share)),
-                            check_at[:1], plan, ahead_ms=2.0 * (host_ms or 0.0) + 0.05, note=self._flush_costs())
+                            check_at[:1], plan, ahead_ms=timing.ahead_for(host_ms), note=self._flush_costs())
         self._check_tamper("timing")
 
     def cmd_graph(self, cmd: dict[str, Any]) -> None:
         """The last timed function (cmd_time's) captured in a CUDA graph and its replays timed, by the call clock; the
         outputs of the replays at ``check_at`` go back to be checked. A call that cannot be captured is answered
         with the reason, which is no fault of the candidate's."""
-        plan = self._memory_plan(cmd["seeds"], 0)
-        sets = self._input_sets(cmd["seeds"], 0, plan["input_sets"])
-        live = timing.LiveInputs(sets, plan["in_place"], self._before())
+        plan, sets, live = self._live_sets(cmd["seeds"])
         with torch.no_grad():
             try:
                 replay = timing.capture_graph(self.fn, live)
@@ -385,9 +383,7 @@ class Session:
         with torch.no_grad():
             self._learn_outputs(self.fn(*make_inputs(self.problem, seeds[0], 0, self.device)))
         self._sync()
-        plan = self._memory_plan(seeds, 0)
-        sets = self._input_sets(seeds, 0, plan["input_sets"])
-        live = timing.LiveInputs(sets, plan["in_place"], self._before())
+        plan, sets, live = self._live_sets(seeds)
         fn, note = self.fn, ""
         with torch.no_grad():
             if cmd.get("graph") and self.device == "cuda":
@@ -402,20 +398,27 @@ class Session:
         self._check_tamper("warm-up")
         self.chan.send({"msg": "prepared", "reps": reps, "graph_note": note, "ahead_ms": ahead_ms})
 
+    def _live_sets(self, seeds: list[int]) -> tuple[dict[str, Any], list[list[Any]], timing.LiveInputs]:
+        """The memory plan, the input sets of ``seeds`` (shape 0) and the one set of live buffers they refill, kept
+        for the loops that must time the same buffers (a CUDA graph is captured on them)."""
+        plan = self._memory_plan(seeds, 0)
+        sets = self._input_sets(seeds, 0, plan["input_sets"])
+        return plan, sets, timing.LiveInputs(sets, plan["in_place"], self._before())
+
     def _ahead_ms(self, fn: Any, sets: list[list[Any]], plan: dict[str, Any], live: timing.LiveInputs) -> float:
-        """How the rounds time this side, by timing.loop_ms's rule: where its host launches a call faster than the
-        device runs it, a sleep that long queued ahead of each call (the device clock), else none."""
+        """How the rounds time this side, by timing.host_keeps_ahead: where its host launches a call faster than the
+        device runs it, a sleep queued ahead of each call (the device clock), else none."""
         probe = min(self.cfg.max_reps, 20)
         sync = timing.measure(fn, sets, self.device, probe, self.cfg, in_place=plan["in_place"], before=self._before(),
                               live=live)
         host = _median(sync.host_ms) or 0.0
-        ahead = 2.0 * host + 0.05
+        ahead = timing.ahead_for(host)
         dev = timing.measure(fn, sets, self.device, probe, self.cfg, in_place=plan["in_place"], before=self._before(),
                              ahead_ms=ahead, live=live)
         costs = self._flush_costs()
-        device_ms, sync_ms = statistics.median(dev.samples_ms), statistics.median(sync.samples_ms)
-        looped = timing.loop_ms(sync_ms, device_ms, host, costs["flush_ms"], costs["queue_ms"])
-        return ahead if looped == device_ms and looped != sync_ms else 0.0
+        ahead_of_device = timing.host_keeps_ahead(statistics.median(dev.samples_ms), host, costs["flush_ms"],
+                                                  costs["queue_ms"])
+        return ahead if ahead_of_device else 0.0
 
     def cmd_round(self, cmd: dict[str, Any]) -> None:
         """One round of timed calls. Each round but a graph's refills new buffers behind an allocation of a random
