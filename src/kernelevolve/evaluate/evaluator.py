@@ -531,14 +531,30 @@ class Evaluator:
         self._release_cache(gpu)
         try:
             with contextlib.ExitStack() as stack:
+                # Every side's process starts, loads and builds at once (none of it timed), but a build that
+                # autotunes: its choices come from timings the others' builds would disturb. Then each side, alone,
+                # is warmed up and its timing regime chosen.
                 children: dict[str, Child] = {}
                 for name in names:
                     own = candidate if name == CANDIDATE else None
                     job = self._job("candidate" if own else "baseline", gpu, f"h2h_{name}_{fresh_seed() % 10**6}", own)
-                    child = children[name] = stack.enter_context(Child(job, self.config.timeout_s))
-                    _expect(child, "hello")
-                    _expect(child, "loaded", send={"cmd": "load"})
-                    prep = _expect(child, "prepared", send=dict(prepare, compile_options=COMPILE_OPTIONS.get(name)))
+                    children[name] = stack.enter_context(Child(job, self.config.timeout_s))
+                build = {n: {"cmd": "build", "seeds": seeds, "compile_options": COMPILE_OPTIONS.get(n)} for n in names}
+                alone = [n for n in names if (COMPILE_OPTIONS.get(n) or {}).get("max_autotune")]
+                together = [n for n in names if n not in alone]
+                for name in names:
+                    _expect(children[name], "hello")
+                    children[name].send({"cmd": "load"})
+                for name in names:
+                    _expect(children[name], "loaded")
+                for name in together:
+                    children[name].send(build[name])
+                for name in together:
+                    _expect(children[name], "built")
+                for name in names:
+                    if name in alone:
+                        _expect(children[name], "built", send=build[name])
+                    prep = _expect(children[name], "prepared", send=prepare)
                     if prep.get("graph_note"):
                         notes[name] = str(prep["graph_note"])[:300]
                 for r in range(rounds):

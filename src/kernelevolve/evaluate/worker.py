@@ -371,18 +371,23 @@ class Session:
         self._check_tamper("graph replay")
 
     # --- the head-to-head: rounds of timed calls, which the parent interleaves with other processes' --------------
-    def cmd_prepare(self, cmd: dict[str, Any]) -> None:
-        """Ready the function to time in rounds (cmd_round) on the parent's input sets: the model, or torch.compile of
-        it with ``compile_options`` (a baseline's), warmed up, and with ``graph``, captured in a CUDA graph (or,
-        where it cannot be, called as it is, with the reason in ``graph_note``). ``round_ms`` sizes a round's
-        repetitions."""
+    def cmd_build(self, cmd: dict[str, Any]) -> None:
+        """The function the rounds time, built and called once on the first input set: the model, or torch.compile
+        of it with ``compile_options`` (a baseline's). Nothing here is timed, so the parent builds every side's at
+        once (a compile's autotuning, which times kernels, excepted)."""
         options = cmd.get("compile_options")
         self.fn = self.model if options is None else torch.compile(self.model, options=options or None)
-        seeds = cmd["seeds"]
         self._reset_state()
         with torch.no_grad():
-            self._learn_outputs(self.fn(*make_inputs(self.problem, seeds[0], 0, self.device)))
+            self._learn_outputs(self.fn(*make_inputs(self.problem, cmd["seeds"][0], 0, self.device)))
         self._sync()
+        self.chan.send({"msg": "built"})
+
+    def cmd_prepare(self, cmd: dict[str, Any]) -> None:
+        """Ready the built function (cmd_build) to time in rounds (cmd_round) on the parent's input sets: warmed up,
+        and with ``graph``, captured in a CUDA graph (or, where it cannot be, called as it is, with the reason in
+        ``graph_note``). ``round_ms`` sizes a round's repetitions."""
+        seeds = cmd["seeds"]
         plan, sets, live = self._live_sets(seeds)
         fn, note = self.fn, ""
         with torch.no_grad():
