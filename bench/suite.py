@@ -220,7 +220,10 @@ def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
     from kernelevolve.problem import load_problem
 
     t0 = time.monotonic()
-    row: dict[str, Any] = {"problem": path.stem, "status": "error", "notes": []}
+    # the code that wrote the row (rows of one file may come from several resumed calls): BENCH_COMMIT, as
+    # bench/gpu_all.sh sets it
+    row: dict[str, Any] = {"problem": path.stem, "status": "error", "notes": [],
+                           "commit": os.environ.get("BENCH_COMMIT")}
     try:
         src = write_small_copy(path, cfg.out_dir / "small") if cfg.small else path
         problem = load_problem(src, cfg.device)
