@@ -551,10 +551,11 @@ class Evaluator:
                     children[name].send(build[name])
                 for name in together:
                     _expect(children[name], "built")
-                for name in names:
+                for i, name in enumerate(names):
                     if name in alone:
                         _expect(children[name], "built", send=build[name])
-                    prep = _expect(children[name], "prepared", send=prepare)
+                    # the sides hold their input sets together: each plans on its share of what is free
+                    prep = _expect(children[name], "prepared", send=dict(prepare, memory_share=1 / (len(names) - i)))
                     if prep.get("graph_note"):
                         notes[name] = str(prep["graph_note"])[:300]
                 for r in range(rounds):
@@ -570,6 +571,8 @@ class Evaluator:
             raise HeadToHeadError(f"no answer within {self.config.timeout_s:g} s") from None
         except ChildDied as e:
             raise HeadToHeadError(f"a process {e}") from None
+        except torch.OutOfMemoryError as e:  # the parent's check of a round's outputs, beside the sides' sets
+            raise HeadToHeadError(f"out of memory checking the outputs: {str(e).splitlines()[0][:200]}") from None
         return decide(medians, self.config.timing.clock, notes)
 
     def _round(self, child: Child, seeds: list[int], gpu: int | None, check: bool) -> float:

@@ -386,9 +386,10 @@ class Session:
     def cmd_prepare(self, cmd: dict[str, Any]) -> None:
         """Ready the built function (cmd_build) to time in rounds (cmd_round) on the parent's input sets: warmed up,
         and with ``graph``, captured in a CUDA graph (or, where it cannot be, called as it is, with the reason in
-        ``graph_note``). ``round_ms`` sizes a round's repetitions."""
+        ``graph_note``). ``round_ms`` sizes a round's repetitions; ``memory_share`` is the share of the free memory
+        its input sets may take (_memory_plan)."""
         seeds = cmd["seeds"]
-        plan, sets, live = self._live_sets(seeds)
+        plan, sets, live = self._live_sets(seeds, float(cmd.get("memory_share", 1.0)))
         fn, note = self.fn, ""
         with torch.no_grad():
             if cmd.get("graph") and self.device == "cuda":
@@ -403,10 +404,12 @@ class Session:
         self._check_tamper("warm-up")
         self.chan.send({"msg": "prepared", "reps": reps, "graph_note": note, "ahead_ms": ahead_ms})
 
-    def _live_sets(self, seeds: list[int]) -> tuple[dict[str, Any], list[list[Any]], timing.LiveInputs]:
-        """The memory plan, the input sets of ``seeds`` (shape 0) and the one set of live buffers they refill, kept
-        for the loops that must time the same buffers (a CUDA graph is captured on them)."""
-        plan = self._memory_plan(seeds, 0)
+    def _live_sets(self, seeds: list[int], share: float = 1.0) -> tuple[dict[str, Any], list[list[Any]],
+                                                                       timing.LiveInputs]:
+        """The memory plan (on ``share`` of the free memory), the input sets of ``seeds`` (shape 0) and the one set
+        of live buffers they refill, kept for the loops that must time the same buffers (a CUDA graph is captured
+        on them)."""
+        plan = self._memory_plan(seeds, 0, share)
         sets = self._input_sets(seeds, 0, plan["input_sets"])
         return plan, sets, timing.LiveInputs(sets, plan["in_place"], self._before())
 
@@ -567,10 +570,12 @@ class Session:
         self.peak_seen = max(self.peak_seen, int(torch.cuda.max_memory_reserved()))
         return self.peak_seen
 
-    def _memory_plan(self, seeds: list[int], shape: int) -> dict[str, Any]:
+    def _memory_plan(self, seeds: list[int], shape: int, share: float = 1.0) -> dict[str, Any]:
         """How many input sets to rotate through and where to keep the checked outputs, from what they cost against
-        the memory that is free now: the timed loop needs the live buffers, two outputs at a time (the last and the
-        next), the call's own temporaries (its peak in the trials), the flush buffer and the checked copies."""
+        ``share`` of the memory that is free now (the rest left to processes that plan after this one and hold
+        their sets beside it: a head-to-head's sides): the timed loop needs the live buffers, two outputs at a time
+        (the last and the next), the call's own temporaries (its peak in the trials), the flush buffer and the
+        checked copies."""
         specs = input_specs(self.problem, seeds[0], shape, self.device)
         in_bytes = max(1, _spec_bytes(filter(None, specs)))
         out_bytes = _spec_bytes(self.out_specs or [])
@@ -578,7 +583,7 @@ class Session:
         # the parent computes references and compares on the same device while the child holds its sets: leave it
         # one input set and a few outputs' worth
         parent = in_bytes + 3 * out_bytes if self.device == "cuda" else 0
-        spare = 0.85 * self._free_bytes() - flush - 2 * out_bytes - self.call_bytes - parent
+        spare = share * (0.85 * self._free_bytes() - parent) - flush - 2 * out_bytes - self.call_bytes
         kept = min(len(seeds), 2) * out_bytes
         keep_on_host = spare - kept < 2 * in_bytes
         if not keep_on_host:
