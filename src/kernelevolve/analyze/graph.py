@@ -273,7 +273,13 @@ def _decompositions() -> dict[Any, Callable]:
 # ---- capture ---------------------------------------------------------------------------------------------------
 
 
-def _trace(model: torch.nn.Module, inputs: list[Any], mode: str) -> tuple[fx.GraphModule, list[str]]:
+def _trace(model: torch.nn.Module, inputs: list[Any], mode: str,
+           origins: bool = False) -> tuple[fx.GraphModule, list[str]]:
+    """With ``origins``, every node also carries where it came from: ``node.meta["custom"]["module"]`` (the dotted
+    path of the innermost submodule whose forward made it) and ``node.stack_trace`` (see ``origin``)."""
+    if origins:
+        with _Origins(model):
+            return _trace(model, inputs, mode)
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functional_call
 
@@ -289,19 +295,80 @@ def _trace(model: torch.nn.Module, inputs: list[Any], mode: str) -> tuple[fx.Gra
     saved = [v.clone() for v in values] if mode == "real" else []
     with torch.no_grad():
         try:
-            gm = make_fx(f, decomposition_table=_decompositions(), tracing_mode=mode)(values, *inputs)
+            gm = make_fx(f, decomposition_table=_decompositions(), tracing_mode=mode,
+                         record_stack_traces=_Origins.active)(values, *inputs)
         finally:
             _restore(values, saved)
         try:
             if any(_rewrite(n) is not None for n in gm.graph.nodes):
                 # once more through an interpreter that writes the same values in the normal form
                 gm = make_fx(lambda tensors, *args: _NormalForm(gm).run(tensors, *args),
-                             decomposition_table=_decompositions(), tracing_mode=mode)(values, *inputs)
+                             decomposition_table=_decompositions(), tracing_mode=mode,
+                             record_stack_traces=_Origins.active)(values, *inputs)
         except Exception as e:  # a rewrite never costs the capture: the graph as first traced stands
             log.debug("normal-form rewrite skipped: %s: %s", type(e).__name__, e)
         finally:
             _restore(values, saved)
     return gm, names
+
+
+class _Origins:
+    """Forward hooks on every submodule that name, while a trace runs, the innermost module whose forward is running;
+    fx copies the name into each node it makes (``meta["custom"]``, kept through the normal-form pass, which an
+    interpreter replays node by node under the same preserved metadata)."""
+    active = False
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.handles, self.stack = model, [], []
+
+    def _enter(self, name: str) -> Callable:
+        def hook(module: Any, args: Any) -> None:
+            self.stack.append(name)
+            self._mark()
+        return hook
+
+    def _leave(self, module: Any, args: Any, out: Any) -> None:
+        if self.stack:
+            self.stack.pop()
+        self._mark()
+
+    def _mark(self) -> None:
+        import torch.fx.traceback as fx_traceback
+
+        fx_traceback.current_meta["custom"] = {"module": self.stack[-1] if self.stack else ""}
+
+    def __enter__(self) -> "_Origins":
+        import torch.fx.traceback as fx_traceback
+
+        for name, sub in self.model.named_modules():
+            self.handles.append(sub.register_forward_pre_hook(self._enter(name)))
+            self.handles.append(sub.register_forward_hook(self._leave))
+        self.preserve = fx_traceback.preserve_node_meta()
+        self.preserve.__enter__()
+        _Origins.active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _Origins.active = False
+        self.preserve.__exit__(*exc)
+        for h in self.handles:
+            h.remove()
+
+
+def origin(node: fx.Node, path: str | None = None) -> tuple[str, int | None]:
+    """Where a node of a graph traced with origins came from: the dotted path of its module ("" for the root) and
+    the line of ``path`` (the model's file) nearest the op in the node's stack, or None where the stack has none."""
+    module = (node.meta.get("custom") or {}).get("module", "")
+    line = None
+    trace = node.meta.get("stack_trace") or ""
+    if path is not None:
+        import re
+
+        name = str(path)
+        for m in re.finditer(r'File "([^"]+)", line (\d+)', trace):
+            if m.group(1) == name:
+                line = int(m.group(2))  # the last frame in the model's file is the closest to the op
+    return module, line
 
 
 def _restore(values: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
@@ -362,7 +429,8 @@ class _NormalForm(fx.Interpreter):
         return how(self.env)
 
 
-def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_seed: int | None = None) -> CapturedGraph:
+def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_seed: int | None = None,
+            origins: bool = False) -> CapturedGraph:
     """Trace ``problem``'s Model on the CPU (fake tensors first, real ones if the graph depends on data), in the mode
     its constructor leaves it, as the judge runs it: a module in training mode normalizes a batch by its own
     statistics (and updates the running ones), where the same module in eval mode would read the running ones."""
@@ -386,7 +454,7 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_se
             inputs = draw() if inputs is None else inputs
         args = shells if mode == "fake" and shells is not None else inputs
         try:
-            gm, names = _trace(model, args, mode)
+            gm, names = _trace(model, args, mode, origins)
         except Exception as e:  # any tracing failure: try the next mode, report all of them
             errors.append(f"{mode}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             continue

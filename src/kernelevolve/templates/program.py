@@ -41,7 +41,7 @@ def _const(v: Any) -> str:
     raise TemplateError(f"cannot write the constant {v!r} into a candidate")
 
 
-class _Namer:
+class Namer:
     def __init__(self) -> None:
         self.names: dict[fx.Node, str] = {}
 
@@ -93,9 +93,25 @@ def _tensor_const(t: torch.Tensor) -> str:
     return f"torch.tensor({t.tolist()!r}, dtype={t.dtype}, device=_dev)"
 
 
+def node_line(gm: fx.GraphModule, n: fx.Node, name: "Namer") -> str:
+    """One statement that computes ``n`` as the ATen op it was traced as, into ``name(n)``, reading its arguments by
+    ``name``; a traced constant is embedded."""
+    var = name(n)
+    if n.op == "get_attr":
+        return f"{var} = {_tensor_const(getattr(gm, n.target))}"
+    if n.target is operator.getitem:
+        return f"{var} = {name.value(n.args[0])}[{n.args[1]}]"
+    if isinstance(n.target, torch._ops.OpOverload):
+        args = [name.value(a) for a in n.args]
+        args += [f"{k}={name.value(v)}" for k, v in n.kwargs.items()]
+        return (f"{var} = torch.ops.{n.target.namespace}.{n.target._schema.name.split('::')[-1]}"
+                f".{n.target._overloadname}({', '.join(args)})")
+    raise TemplateError(f"cannot write the call {n.target}")
+
+
 def forward_body(graph: CapturedGraph, matches: list[Match], launchers: dict[str, str]) -> list[str]:
     """Statements of the generated forward; ``launchers`` maps a match key to its launcher name."""
-    name = _Namer()
+    name = Namer()
     lines: list[str] = []
     placeholders = graph.placeholders()
     n_state = len(graph.state_names)
@@ -112,19 +128,8 @@ def forward_body(graph: CapturedGraph, matches: list[Match], launchers: dict[str
         n = unit
         if n.op in ("placeholder", "output"):
             continue
-        var = f"v_{n.name}"
-        name.names[n] = var
-        if n.op == "get_attr":
-            lines.append(f"{var} = {_tensor_const(getattr(graph.gm, n.target))}")
-        elif n.target is operator.getitem:
-            lines.append(f"{var} = {name.value(n.args[0])}[{n.args[1]}]")
-        elif isinstance(n.target, torch._ops.OpOverload):
-            args = [name.value(a) for a in n.args]
-            args += [f"{k}={name.value(v)}" for k, v in n.kwargs.items()]
-            lines.append(f"{var} = torch.ops.{n.target.namespace}.{n.target._schema.name.split('::')[-1]}"
-                         f".{n.target._overloadname}({', '.join(args)})")
-        else:
-            raise TemplateError(f"cannot write the call {n.target}")
+        name.names[n] = f"v_{n.name}"
+        lines.append(node_line(graph.gm, n, name))
     outs = [name.value(o) for o in graph.outputs()]
     spec = getattr(graph.gm, "_out_spec", None)
     single = spec is not None and spec.num_leaves == 1 and spec.is_leaf()

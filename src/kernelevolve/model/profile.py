@@ -1,0 +1,119 @@
+"""Where a whole model's time goes: the device time of every op of its captured graph, summed by region.
+
+The graph runs node by node on the device (an ``fx.Interpreter``), each node inside a profiler range named after it;
+the profiler gives each range the device time of the kernels launched in it (the CPU time on the CPU). A few runs
+first warm the allocator and the libraries up; the median over the measured runs is kept.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from kernelevolve.analyze.graph import CapturedGraph, op_name
+from kernelevolve.model.partition import Partition
+
+PREFIX = "kernelevolve::"
+
+
+@dataclass(frozen=True)
+class OpTimes:
+    """Device time of each call node (ms, one call of the model) and the whole graph's."""
+    per_node: dict[str, float]  # node name -> ms
+    total_ms: float
+    device: str
+    runs: int
+
+    def of(self, nodes: list[fx.Node]) -> float:
+        return sum(self.per_node.get(n.name, 0.0) for n in nodes)
+
+
+class _Ranged(fx.Interpreter):
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op != "call_function":
+            return super().run_node(n)
+        with torch.profiler.record_function(PREFIX + n.name):
+            return super().run_node(n)
+
+
+def _to(x: Any, device: str) -> Any:
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def op_times(graph: CapturedGraph, device: str = "cpu", runs: int = 5, warmup: int = 2) -> OpTimes:
+    """Profile ``graph`` on its example arguments, moved to ``device``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    args = [[_to(t, device) for t in graph.example[0]], *[_to(x, device) for x in graph.example[1:]]]
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    interp = _Ranged(graph.gm)
+    samples: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for _ in range(warmup):
+            interp.run(*args)
+        if cuda:
+            torch.cuda.synchronize()
+        for _ in range(runs):
+            with profile(activities=activities) as prof:
+                interp.run(*args)
+                if cuda:
+                    torch.cuda.synchronize()
+            got = _ranges(prof.events(), cuda)
+            for name, ms in got.items():
+                samples.setdefault(name, []).append(ms)
+    per_node = {k: statistics.median(v) for k, v in samples.items()}
+    return OpTimes(per_node, sum(per_node.values()), device, runs)
+
+
+def _ranges(events: Any, cuda: bool) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for e in events:
+        if not e.name.startswith(PREFIX):
+            continue
+        if cuda:
+            us = getattr(e, "device_time_total", None)
+            us = e.cuda_time_total if us is None else us
+        else:
+            us = e.cpu_time_total
+        name = e.name[len(PREFIX):]
+        out[name] = out.get(name, 0.0) + us / 1000.0
+    return out
+
+
+def attribute(part: Partition, times: OpTimes) -> None:
+    """Each region's share of the time, in place."""
+    for r in part.regions:
+        r.time_ms = times.of(r.nodes)
+
+
+@dataclass(frozen=True)
+class Hot:
+    """A row of the model's profile: a region, or the ops outside every region."""
+    name: str
+    kind: str
+    where: str
+    ms: float
+    share: float
+    instances: int
+
+
+def hot_regions(part: Partition, times: OpTimes) -> list[Hot]:
+    """The problems (regions grouped by signature), by their total time, with the time outside every region last."""
+    total = times.total_ms or 1e-12
+    rows = []
+    for group in part.groups().values():
+        ms = sum(r.time_ms for r in group)
+        first = group[0]
+        rows.append(Hot(first.name, first.kind, first.where, ms, ms / total, len(group)))
+    rows.sort(key=lambda h: -h.ms)
+    inside = {n for r in part.regions for n in r.nodes}
+    rest = [n for n in part.graph.calls() if n not in inside]
+    rest_ms = times.of(rest)
+    if rest:
+        rows.append(Hot("-", "outside", f"{len(rest)} ops ({', '.join(sorted({op_name(n) for n in rest}))[:60]})",
+                        rest_ms, rest_ms / total, 1))
+    return rows

@@ -1,0 +1,196 @@
+"""A whole model cut into regions: where each op came from, the regions and their signatures, and each region as a
+problem file whose inputs are the model's own inputs run through the graph before it."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelevolve.analyze.graph import capture, node_values, origin
+from kernelevolve.model.partition import GLUE, partition
+from kernelevolve.model.profile import attribute, hot_regions, op_times
+from kernelevolve.model.regionfile import write_region
+from kernelevolve.problem import build_model, import_module_from_path, load_problem
+
+BLOCKS = '''
+import torch
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x))
+        return self.norm(h + x)
+
+
+class Model(nn.Module):
+    def __init__(self, d, n):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d) for _ in range(n)])
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return torch.sigmoid(self.head(x))
+
+
+def get_inputs():
+    return [torch.randn(64, 32)]
+
+
+def get_init_inputs():
+    return [32, 3]
+'''
+
+# indices and offsets the model's inputs carry: a region after the bag must see valid ones
+BAGS = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, rows, dim):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(rows, dim, mode="sum")
+        self.mlp = nn.Linear(dim, dim)
+
+    def forward(self, ids, offsets, dense):
+        pooled = self.bag(ids, offsets)
+        x = torch.relu(self.mlp(dense)) * 2.0 + 1.0
+        return torch.tanh(pooled) * x
+
+
+def get_inputs():
+    lengths = torch.randint(0, 5, (16,))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    ids = torch.randint(0, 100, (int(lengths.sum()),))
+    return [ids, offsets, torch.randn(16, 8)]
+
+
+def get_init_inputs():
+    return [100, 8]
+'''
+
+
+# a convolution no family claims, between two claimed regions
+CONV = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 4, 3, padding=1)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = torch.relu(self.fc(x))
+        return torch.softmax(self.conv(y), dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(2, 4, 16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _model(tmp_path: Path, source: str):
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    problem = load_problem(path)
+    return problem, capture(problem, origins=True)
+
+
+def test_every_op_names_its_module_and_line(tmp_path: Path) -> None:
+    problem, graph = _model(tmp_path, BLOCKS)
+    where = [origin(n, problem.path) for n in graph.calls()]
+    modules = {m for m, _ in where}
+    assert {"blocks.0.fc", "blocks.2.norm", "head"} <= modules
+    assert all(line is not None for _, line in where)
+    lines = BLOCKS.splitlines()
+    fc = next(line for m, line in where if m == "blocks.1.fc")
+    assert "self.fc(x)" in lines[fc - 1]
+
+
+def test_identical_blocks_are_one_problem(tmp_path: Path) -> None:
+    problem, graph = _model(tmp_path, BLOCKS)
+    part = partition(graph, problem, "cpu")
+    groups = list(part.groups().values())
+    sizes = sorted(len(g) for g in groups)
+    assert sizes == [1, 3, 3], [(g[0].kind, g[0].where, len(g)) for g in groups]
+    kinds = {g[0].kind for g in groups}
+    assert "matmul" in kinds and "row_reduction" in kinds
+    # every op that computes is in exactly one region
+    seen = [n for r in part.regions for n in r.nodes]
+    assert len(seen) == len(set(seen))
+    norm = next(g for g in groups if g[0].kind == "row_reduction")
+    assert [r.where.split(" ")[0] for r in norm] == ["blocks.0.norm", "blocks.1.norm", "blocks.2.norm"]
+
+
+def test_unclaimed_ops_form_glue_regions(tmp_path: Path) -> None:
+    from kernelevolve.analyze.graph import is_convex
+
+    problem, graph = _model(tmp_path, CONV)
+    part = partition(graph, problem, "cpu")
+    glue = [r for r in part.regions if r.kind == GLUE]
+    assert glue and any("convolution" in r.ops() for r in glue), [(r.kind, r.ops()) for r in part.regions]
+    assert all(is_convex(r.nodes) for r in part.regions)
+    # a run of views alone is no region
+    assert not any(set(r.ops()) <= {"view", "permute", "unsqueeze"} for r in part.regions)
+
+
+def test_times_add_up_to_the_model(tmp_path: Path) -> None:
+    problem, graph = _model(tmp_path, BLOCKS)
+    part = partition(graph, problem, "cpu")
+    times = op_times(graph, "cpu", runs=3, warmup=1)
+    attribute(part, times)
+    assert set(times.per_node) == {n.name for n in graph.calls()}
+    rows = hot_regions(part, times)
+    assert rows[0].ms == max(r.ms for r in rows)
+    assert sum(r.share for r in rows) == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("source", [BLOCKS, BAGS, CONV], ids=["blocks", "bags", "conv"])
+def test_a_region_file_computes_the_region_on_the_models_own_inputs(tmp_path: Path, source: str) -> None:
+    problem, graph = _model(tmp_path, source)
+    part = partition(graph, problem, "cpu")
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(problem.path, out / "model.py")
+    model_module = import_module_from_path(problem.path, "_test_regions_model")
+    for region in part.regions:
+        path = write_region(graph, region, out, "model.py", f"region {region.name}")
+        loaded = load_problem(path)  # a valid problem file on its own
+        mod = import_module_from_path(path, f"_test_region_{region.name}")
+        torch.manual_seed(7)
+        xs = mod.get_inputs()
+        with torch.no_grad():
+            got = mod.Model()(*xs)
+        # the same draw through the whole model's graph, with the model's weights as built for the file
+        torch.manual_seed(7)
+        ins = model_module.get_inputs()
+        full = build_model(model_module, "Model", 0)
+        state = {**dict(full.named_parameters()), **dict(full.named_buffers())}
+        values = node_values(graph, [[state[k].detach() for k in graph.state_names], *ins])
+        want = [values[n] for n in region.outputs]
+        got = list(got) if isinstance(got, (tuple, list)) else [got]
+        assert len(got) == len(want), loaded.name
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        # a fresh draw is a different draw
+        torch.manual_seed(8)
+        other = mod.get_inputs()
+        assert any(not torch.equal(a, b) for a, b in zip(xs, other) if a.shape == b.shape) or \
+            any(a.shape != b.shape for a, b in zip(xs, other))
