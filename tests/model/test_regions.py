@@ -194,3 +194,18 @@ def test_a_region_file_computes_the_region_on_the_models_own_inputs(tmp_path: Pa
         other = mod.get_inputs()
         assert any(not torch.equal(a, b) for a, b in zip(xs, other) if a.shape == b.shape) or \
             any(a.shape != b.shape for a, b in zip(xs, other))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_times_on_the_gpu_are_device_times(tmp_path: Path) -> None:
+    problem, graph = _model(tmp_path, BLOCKS.replace("torch.randn(64, 32)", "torch.randn(8192, 1024)")
+                            .replace("return [32, 3]", "return [1024, 3]"))
+    part = partition(graph, problem, "cuda")
+    times = op_times(graph, "cuda", runs=3, warmup=1)
+    attribute(part, times)
+    gemm = next(r for r in part.regions if r.kind == "matmul")
+    # a [8192, 1024] x [1024, 1024] fp32 GEMM: tens of microseconds at least on any GPU, nothing from the host
+    assert gemm.time_ms > 0.01 and times.total_ms > gemm.time_ms, times
+    views = [n.name for n in graph.calls() if n.target is torch.ops.aten.permute.default]
+    assert all(times.per_node[v] < 0.01 for v in views), {v: times.per_node[v] for v in views}
