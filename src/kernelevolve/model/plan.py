@@ -1,0 +1,146 @@
+"""A whole model's plan: where its time goes, the problems its regions make, and each problem's share of the budget.
+
+``plan_model`` captures the model once (each op with its module path and source line), cuts the graph into regions,
+profiles every op on the device, writes one problem file per distinct region into the output folder (beside a copy
+of the model's file, which they read) and places each on its roofline. ``optimize_regions`` then runs the operator
+loop on each problem that matters, with its share of the budget.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from kernelevolve.analyze.graph import CaptureError, CapturedGraph, capture
+from kernelevolve.model.budget import MIN_SHARE, Claim, Share, allocate
+from kernelevolve.model.partition import Partition, Region, partition
+from kernelevolve.model.profile import OpTimes, attribute, hot_regions, op_times
+from kernelevolve.model.regionfile import write_region
+from kernelevolve.problem import Problem, ProblemError, load_problem
+
+log = logging.getLogger(__name__)
+
+
+class ModelError(Exception):
+    """A model that cannot be planned: one line naming the file and the cause."""
+
+
+@dataclass
+class ProblemGroup:
+    """Regions with one signature: one problem file, optimized once, its kernel used at every instance."""
+    regions: list[Region]
+    path: Path
+    ms: float  # all instances, one call of the model
+    floor_ms: float | None = None  # all instances
+    share: Share | None = None
+
+    @property
+    def name(self) -> str:
+        return self.regions[0].name
+
+    @property
+    def kind(self) -> str:
+        return self.regions[0].kind
+
+    def row(self, total_ms: float) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "file": self.path.name, "where": self.regions[0].where,
+                "instances": [r.where for r in self.regions], "ops": self.regions[0].ops(), "ms": self.ms,
+                "share": self.ms / total_ms if total_ms else None, "floor_ms": self.floor_ms,
+                "budget_s": self.share.budget_s if self.share else None, "why": self.share.why if self.share else ""}
+
+
+@dataclass
+class ModelPlan:
+    problem: Problem
+    graph: CapturedGraph
+    partition: Partition
+    times: OpTimes
+    groups: list[ProblemGroup]
+    out_dir: Path
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        total = self.times.total_ms
+        return {"model": self.problem.path, "device": self.times.device, "total_ms": total,
+                "ops": len(self.graph.calls()), "regions": len(self.partition.regions),
+                "problems": [g.row(total) for g in self.groups],
+                "hot": [h.__dict__ for h in hot_regions(self.partition, self.times)], "notes": self.notes}
+
+
+def plan_model(path: str | Path, device: str, out_dir: Path, budget_s: float = 0.0, min_share: float = MIN_SHARE,
+               on_stage: Callable[[str], None] = lambda s: None) -> ModelPlan:
+    """Profile, cut and write the model's problems into ``out_dir``; with a budget, share it among them."""
+    from kernelevolve.profile import profile_problem
+
+    problem = load_problem(path, device)
+    on_stage("capturing the model's graph")
+    try:
+        graph = capture(problem, origins=True)
+    except CaptureError as e:
+        raise ModelError(f"{path}: the model could not be captured as a graph: {str(e)[:300]}") from e
+    on_stage("cutting it into regions")
+    part = partition(graph, problem, device)
+    on_stage(f"profiling {len(graph.calls())} ops on {device}")
+    times = op_times(graph, device)
+    attribute(part, times)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = Path(problem.path).name
+    shutil.copy(problem.path, out_dir / source)
+    groups, notes = [], list(part.skipped)
+    for regions in part.groups().values():
+        first = regions[0]
+        doc = (f"Region {first.name} of {source}: {first.kind} at {first.where}"
+               + (f", and {len(regions) - 1} more alike ({', '.join(r.where for r in regions[1:])[:200]})"
+                  if len(regions) > 1 else "") + ".")
+        try:
+            file = write_region(graph, first, out_dir, source, doc)
+        except Exception as e:  # a region that cannot be written stays with the reference; the others go on
+            notes.append(f"{first.name} ({first.kind} at {first.where}) not written: {type(e).__name__}: {e}"[:300])
+            continue
+        groups.append(ProblemGroup(regions, file, sum(r.time_ms for r in regions)))
+    on_stage(f"placing {len(groups)} problems on the roofline")
+    for g in groups:
+        try:
+            g.floor_ms = profile_problem(load_problem(g.path, device), device).floor_ms * len(g.regions)
+        except (ProblemError, Exception) as e:  # a region whose file fails to load is a bug: say so, go on
+            notes.append(f"{g.name}: {type(e).__name__}: {str(e)[:200]}")
+    shares = allocate([Claim(g.name, g.ms, g.floor_ms) for g in groups], times.total_ms, budget_s, min_share)
+    for g, s in zip(groups, shares):
+        g.share = s
+    groups.sort(key=lambda g: -g.ms)
+    plan = ModelPlan(problem, graph, part, times, groups, out_dir, notes)
+    (out_dir / "model_plan.json").write_text(json.dumps(plan.to_dict(), indent=1, default=str))
+    return plan
+
+
+@dataclass(frozen=True)
+class RegionOutcome:
+    name: str
+    run_id: int | None
+    best: Path | None  # the problem's best.py
+    speedup: float | None  # against the problem's best baseline, from its head-to-head
+    why: str
+
+
+def optimize_regions(plan: ModelPlan, cfg: Any, store: Any,
+                     on_stage: Callable[[str], None] = lambda s: None) -> list[RegionOutcome]:
+    """The operator loop on every problem with a budget, largest claim first."""
+    from kernelevolve.optimize import optimize
+
+    out = []
+    for g in plan.groups:
+        if g.share is None or g.share.budget_s <= 0:
+            out.append(RegionOutcome(g.name, None, None, None, g.share.why if g.share else "not planned"))
+            continue
+        on_stage(f"{g.name} ({g.kind} at {g.regions[0].where}): {g.share.budget_s:.0f} s")
+        region_cfg = replace(cfg, time_budget_s=g.share.budget_s)
+        result = optimize(g.path, region_cfg, store, plan.out_dir / g.name)
+        h = result.head_to_head
+        speedup = None
+        if h is not None and h.best_baseline:
+            speedup = h.speedup.get(h.best_baseline)
+        out.append(RegionOutcome(g.name, result.run_id, result.files.get("best"), speedup, result.best_why))
+    return out
