@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from kernelevolve.analyze.graph import CaptureError, CapturedGraph, capture
+from kernelevolve.analyze.graph import CaptureError, CapturedGraph, capture, dynamic_dims
 from kernelevolve.model.budget import MIN_SHARE, Claim, Share, allocate
 from kernelevolve.model.partition import Partition, Region, partition
 from kernelevolve.model.profile import OpTimes, attribute, hot_regions, op_times
@@ -61,6 +61,9 @@ class ModelPlan:
     groups: list[ProblemGroup]
     out_dir: Path
     notes: list[str] = field(default_factory=list)
+    # input dims whose sizes vary by draw, and the graph and regions of a draw where they differ
+    dynamic: dict[int, set[int]] = field(default_factory=dict)
+    alt: tuple[CapturedGraph, list[Region]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         total = self.times.total_ms
@@ -83,6 +86,14 @@ def plan_model(path: str | Path, device: str, out_dir: Path, budget_s: float = 0
         raise ModelError(f"{path}: the model could not be captured as a graph: {str(e)[:300]}") from e
     on_stage("cutting it into regions")
     part = partition(graph, problem, device)
+    dynamic, seed = dynamic_dims(problem)
+    alt = None
+    if dynamic:
+        try:
+            alt_graph = capture(problem, input_seed=seed, origins=True)
+            alt = (alt_graph, partition(alt_graph, problem, device).regions)
+        except CaptureError as e:
+            log.info("a second draw could not be captured: %s", e)
     on_stage(f"profiling {len(graph.calls())} ops on {device}")
     times = op_times(graph, device)
     attribute(part, times)
@@ -111,7 +122,7 @@ def plan_model(path: str | Path, device: str, out_dir: Path, budget_s: float = 0
     for g, s in zip(groups, shares):
         g.share = s
     groups.sort(key=lambda g: -g.ms)
-    plan = ModelPlan(problem, graph, part, times, groups, out_dir, notes)
+    plan = ModelPlan(problem, graph, part, times, groups, out_dir, notes, dynamic, alt)
     (out_dir / "model_plan.json").write_text(json.dumps(plan.to_dict(), indent=1, default=str))
     return plan
 

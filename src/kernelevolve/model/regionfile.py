@@ -131,8 +131,10 @@ def _ancestors(nodes: list[fx.Node]) -> set[fx.Node]:
     return seen
 
 
-def region_source(graph: CapturedGraph, region: Region, source_name: str, doc: str, init_seed: int = 0) -> str:
-    """The problem file of ``region`` (its first instance: the others share its signature)."""
+def region_parts(graph: CapturedGraph, region: Region) -> tuple[list[fx.Node], list[fx.Node], list[fx.Node]]:
+    """What the region's file computes: its nodes with the weight-only ones before it (graph order), the weights
+    they read (the file's ``w0, w1, ...``) and the activations (its forward's ``x0, x1, ...``), in first-use order.
+    Every instance of one signature gives the same lists, position by position."""
     state = _state_inputs(graph)
     order = {n: i for i, n in enumerate(graph.graph.nodes)}
     closure = _weight_closure(graph, region)
@@ -143,8 +145,14 @@ def region_source(graph: CapturedGraph, region: Region, source_name: str, doc: s
         for a in n.all_input_nodes:
             if a not in inside and a not in inputs:
                 inputs.append(a)
-    weights = [a for a in inputs if a in state]
-    activations = [a for a in inputs if a not in state]
+    return nodes, [a for a in inputs if a in state], [a for a in inputs if a not in state]
+
+
+def region_source(graph: CapturedGraph, region: Region, source_name: str, doc: str, init_seed: int = 0) -> str:
+    """The problem file of ``region`` (its first instance: the others share its signature)."""
+    state = _state_inputs(graph)
+    order = {n: i for i, n in enumerate(graph.graph.nodes)}
+    nodes, weights, activations = region_parts(graph, region)
 
     # the region's forward
     name = Namer()

@@ -1,0 +1,161 @@
+"""The whole model with its regions' verified kernels put back: ``best_model.py``, a candidate file (``ModelNew``).
+
+The file holds the model's source verbatim (``ModelNew`` subclasses its ``Model``, so it takes the same constructor
+arguments and state), each chosen region's ``best.py`` as text, loaded once into a module of its own, and a
+generated ``forward``: the model's graph op by op as it was traced, where every instance of a chosen region calls
+that region's kernel with the instance's own weights and activations. Inputs of other shapes or dtypes than the
+traced ones take the model's own forward. The file needs torch and triton only.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+import torch.fx as fx
+
+from kernelevolve.analyze.graph import CapturedGraph, dtype
+from kernelevolve.model.partition import Region
+from kernelevolve.model.regionfile import region_parts
+from kernelevolve.templates.base import Match
+from kernelevolve.templates.program import CLASS, DEVICE_LINE, STATE_LINE, _guard, forward_body
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A problem whose kernel goes into the model: its name, its best.py and where that came from."""
+    name: str
+    regions: list[Region]
+    source: str  # the problem's best.py
+    provenance: str  # one line
+
+
+LOADER = '''
+
+def _kernelevolve_region(name, source, weights):
+    """A region's kernel file as a module of its own, its weights read as stand-ins (the file's Model reads them
+    from the model beside it; each call here passes the real ones)."""
+    import linecache
+    import types
+
+    filename = f"<kernelevolve region {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # Triton reads the source
+    module = types.ModuleType(f"_kernelevolve_region_{name}")
+    module.__file__ = filename
+    exec(compile(source, filename, "exec"), module.__dict__)
+    module._source_state = lambda: {k: torch.zeros(shape, dtype=dt, device="meta") for k, (shape, dt) in
+                                    weights.items()}
+    return module
+
+
+def _kernelevolve_instance(module):
+    """One instance of a region's ModelNew for each place it runs (a compiled kernel keeps its weights' identity)."""
+    return module.ModelNew()
+
+
+def _kernelevolve_call(module, params, buffers, xs):
+    """One instance of a region: its weights set on the shared module, its kernel called, the outputs a tuple."""
+    for k, w in params:
+        module._parameters[k] = w
+    for k, w in buffers:
+        module._buffers[k] = w
+    out = module(*xs)
+    return out if isinstance(out, tuple) else (out,)
+'''
+
+
+def _text(source: str) -> str:
+    """A file's text as a literal a reader can read: a raw triple-quoted string where it can be one."""
+    body = source if source.endswith("\n") else source + "\n"
+    if "'''" not in body and not body.rstrip("\n").endswith("\\"):
+        return "r'''" + body + "'''"
+    return repr(source)
+
+
+def _instance_match(graph: CapturedGraph, region: Region, taken: set[fx.Node]) -> tuple[Match, int] | None:
+    """The instance as a unit of the generated forward (inputs: weights then activations), or None where it
+    cannot stand alone: a weight-only node it would compute is shared with another part of the graph."""
+    nodes, weights, acts = region_parts(graph, region)
+    inside = set(nodes)
+    extra = inside - set(region.nodes)
+    if inside & taken or any(u not in inside for n in extra for u in n.users):
+        return None
+    m = Match(family=f"region_{region.name}", nodes=nodes, inputs=weights + acts, outputs=list(region.outputs),
+              spec={}, kind=region.kind)
+    return m, len(weights)
+
+
+def compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc: str,
+            dynamic: dict[int, set[int]] | None = None,
+            alt: tuple[CapturedGraph, list[Region]] | None = None) -> tuple[str, list[str]]:
+    """best_model.py's text, and a line for each instance left to the model's own ops (and why).
+
+    ``dynamic`` names input dims whose sizes vary by draw (jagged totals) and ``alt`` the graph and regions of a draw
+    where they differ: the guard leaves those dims free only where both draws write the same forward."""
+    if not dynamic or alt is None:
+        return _compose(model_source, graph, chosen, doc, {})
+    text, skipped = _compose(model_source, graph, chosen, doc, dynamic)
+    alt_graph, alt_regions = alt
+    by_index = {r.index: r for r in alt_regions}
+    try:
+        moved = [Chosen(c.name, [by_index[r.index] for r in c.regions], c.source, c.provenance) for c in chosen]
+        other, _ = _compose(model_source, alt_graph, moved, doc, dynamic)
+    except Exception as e:  # another draw's graph that cannot be written alike: the strict guard
+        log.info("the second draw's graph does not compose alike: %s: %s", type(e).__name__, e)
+        other = None
+    if other == text:
+        return text, skipped
+    text, skipped = _compose(model_source, graph, chosen, doc, {})
+    skipped.append("input sizes vary by draw and the traced ops depend on them: the kernels run only at the "
+                   "traced sizes, other sizes take the model's own forward")
+    return text, skipped
+
+
+def _compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc: str,
+             dynamic: dict[int, set[int]]) -> tuple[str, list[str]]:
+    state = dict(zip(graph.placeholders(), graph.state_names))
+    matches: list[Match] = []
+    launchers: dict[str, str] = {}
+    taken: set[fx.Node] = set()
+    skipped: list[str] = []
+    modules: list[str] = []
+    for c in chosen:
+        _, first_weights, _ = region_parts(graph, c.regions[0])
+        stand_in = {state[w]: (tuple(w.meta["val"].shape), dtype(w)) for w in first_weights}
+        var, text_var = f"_KE_MODULE_{c.name.upper()}", f"_KE_SOURCE_{c.name.upper()}"
+        modules.append(f"# ---- {c.name}: {c.provenance}\n{text_var} = {_text(c.source)}\n"
+                       f"{var} = _kernelevolve_region({c.name!r}, {text_var}, {{"
+                       + ", ".join(f"{k!r}: ({s!r}, {d})" for k, (s, d) in stand_in.items()) + "})")
+        for k, region in enumerate(c.regions):
+            found = _instance_match(graph, region, taken)
+            if found is None:
+                skipped.append(f"{region.name} at {region.where}: shares a weight-only op with another part")
+                continue
+            m, n_w = found
+            taken |= set(m.nodes)
+            params = [f"('w{i}', __w{i})" for i in range(n_w) if m.inputs[i].meta["val"].is_floating_point()]
+            buffers = [f"('w{i}', __w{i})" for i in range(n_w) if not m.inputs[i].meta["val"].is_floating_point()]
+            fn = f"_ke_{region.name}"
+            modules.append(f"{fn.upper()} = _kernelevolve_instance({var})")
+            n_x = len(m.inputs) - n_w
+            args = ", ".join([f"__w{i}" for i in range(n_w)] + [f"__x{i}" for i in range(n_x)])
+            modules.append(f"def {fn}({args}):  # {region.where}: {', '.join(state[w] for w in m.inputs[:n_w])}\n"
+                           f"    return _kernelevolve_call({fn.upper()}, [{', '.join(params)}], [{', '.join(buffers)}], "
+                           f"[{', '.join(f'__x{i}' for i in range(n_x))}])")
+            matches.append(m)
+            launchers[m.key] = fn
+    body = forward_body(graph, matches, launchers)
+    paths = [tuple(k.split(".")) for k in graph.state_names]
+    text = "\n".join(body)
+    prologue = [STATE_LINE.format(state_paths=paths)] if paths else []
+    if "_dev" in text:
+        prologue.append(DEVICE_LINE.format(state="_s" if paths else "[]"))
+    cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs,
+                       prologue="".join(f"        {line}\n" for line in prologue),
+                       body="\n".join("        " + line for line in body),
+                       guards="\n            and ".join(_guard(graph, dynamic)))
+    parts = [f'"""{doc}"""', "import torch\nimport torch.nn as nn",
+             "# ---- the model, verbatim " + "-" * 86, model_source.rstrip(),
+             "# ---- end of the model " + "-" * 89, LOADER.strip("\n"), *modules]
+    return "\n\n\n".join(parts) + "\n" + cls, skipped
+

@@ -1,0 +1,91 @@
+"""The model with its regions' kernels put back: best_model.py computes the model, with the kernels it was given,
+at every instance of their regions, and falls back to the model on other shapes."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelevolve.model.compose import Chosen, compose
+from kernelevolve.model.plan import plan_model
+from kernelevolve.problem import build_model, import_module_from_path, load_problem
+from tests.model.test_regions import BAGS, BLOCKS
+
+
+def _template_kernel(path: Path) -> str | None:
+    """The region problem's default template candidate, or None where no family claims it."""
+    from kernelevolve.propose.template import TemplateProposer
+
+    proposer = TemplateProposer("cpu", seed=0)
+    plan = proposer.plan(load_problem(path))
+    if not plan.regions:
+        return None
+    return proposer.render(plan, {r.key: r.default() for r in plan.regions}, "default")
+
+
+def _check(tmp_path: Path, source: str, kernel: str) -> tuple[str, list[str]]:
+    model_path = tmp_path / "model.py"
+    model_path.write_text(source)
+    plan = plan_model(model_path, "cpu", tmp_path / "out")
+    chosen = []
+    for g in plan.groups:
+        if kernel == "template":
+            text = _template_kernel(g.path)
+        else:  # the region's own reference as its kernel
+            text = g.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n"
+        if text:
+            chosen.append(Chosen(g.name, g.regions, text, f"{kernel} kernel"))
+    assert chosen
+    text, skipped = compose(source, plan.graph, chosen, "the model with its regions' kernels", plan.dynamic, plan.alt)
+    out = tmp_path / "best_model.py"
+    out.write_text(text)
+    ref_mod = import_module_from_path(model_path, "_compose_ref")
+    new_mod = import_module_from_path(out, "_compose_new")
+    ref = build_model(ref_mod, "Model", 3)
+    new = build_model(new_mod, "ModelNew", 3)
+    new.load_state_dict(ref.state_dict())
+    calls = {"n": 0}
+    real = new_mod._kernelevolve_call
+
+    def counted(*a):
+        calls["n"] += 1
+        return real(*a)
+
+    new_mod._kernelevolve_call = counted
+    for seed in (11, 12):
+        torch.manual_seed(seed)
+        xs = ref_mod.get_inputs()
+        with torch.no_grad():
+            torch.testing.assert_close(new(*xs), ref(*xs), rtol=1e-4, atol=1e-4)
+    instances = sum(len(c.regions) for c in chosen)
+    assert calls["n"] == 2 * instances  # every instance ran its region's kernel, on both calls
+    return text, skipped
+
+
+@pytest.mark.parametrize("source", [BLOCKS, BAGS], ids=["blocks", "bags"])
+def test_the_model_with_its_regions_own_code_as_kernels_computes_the_model(tmp_path: Path, source: str) -> None:
+    _, skipped = _check(tmp_path, source, "reference")
+    assert not skipped
+
+
+def test_template_kernels_run_at_every_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter")
+    text, skipped = _check(tmp_path, BLOCKS, "template")
+    assert "@triton.jit" in text and not skipped
+
+
+def test_other_shapes_take_the_models_own_forward(tmp_path: Path) -> None:
+    text, _ = _check(tmp_path, BLOCKS, "reference")
+    out = tmp_path / "again.py"
+    out.write_text(text)
+    mod = import_module_from_path(out, "_compose_again")
+    ref = build_model(mod, "Model", 1)
+    new = build_model(mod, "ModelNew", 1)
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x))
