@@ -134,6 +134,7 @@ class RegionOutcome:
     best: Path | None  # the problem's best.py
     speedup: float | None  # against the problem's best baseline, from its head-to-head
     why: str
+    answer: str = ""  # what best.py is: "candidate", a baseline's name, or "" where nothing ran
 
 
 def optimize_regions(plan: ModelPlan, cfg: Any, store: Any,
@@ -150,8 +151,11 @@ def optimize_regions(plan: ModelPlan, cfg: Any, store: Any,
         region_cfg = replace(cfg, time_budget_s=g.share.budget_s)
         result = optimize(g.path, region_cfg, store, plan.out_dir / g.name)
         h = result.head_to_head
-        speedup = None
-        if h is not None and h.best_baseline:
-            speedup = h.speedup.get(h.best_baseline)
-        out.append(RegionOutcome(g.name, result.run_id, result.files.get("best"), speedup, result.best_why))
+        speedup, answer = None, ""
+        if h is not None and h.answer:
+            speedup, answer = h.speedup.get(h.best_baseline), h.answer
+        elif result.best_result is not None and "the reference itself" not in result.best_why:
+            answer = "candidate"  # no head-to-head held: the judge's verdict stands
+            speedup = result.best_result.speedup_eager
+        out.append(RegionOutcome(g.name, result.run_id, result.files.get("best"), speedup, result.best_why, answer))
     return out

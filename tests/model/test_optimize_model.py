@@ -1,0 +1,68 @@
+"""A whole model through the pipeline on the CPU: the regions' answers composed, the composition judged against the
+model, and a composition that does not win dropped down to the best baseline's kernel."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelevolve.model import run as run_mod
+from kernelevolve.model.plan import RegionOutcome
+from kernelevolve.optimize import OptimizeConfig
+from kernelevolve.problem import build_model, import_module_from_path
+from kernelevolve.store import Store
+from tests.model.test_regions import BLOCKS
+
+
+def _own_code_as_kernels(monkeypatch: pytest.MonkeyPatch, broken: str | None = None) -> None:
+    """Each problem 'answers' with its own reference as a kernel (one of them broken, if asked: a per-column shift,
+    which a layer norm after it would not hide), as a run would."""
+    def fake(plan, cfg, store, on_stage=lambda s: None):
+        out = []
+        for g in plan.groups:
+            best = plan.out_dir / g.name / "best.py"
+            best.parent.mkdir(parents=True, exist_ok=True)
+            body = "\n\nclass ModelNew(Model):\n    pass\n"
+            if g.name == broken:
+                body = "\n\nclass ModelNew(Model):\n    def forward(self, *xs):\n        y = super().forward(*xs)\n        return y + torch.arange(y.shape[-1], dtype=y.dtype)\n"
+            best.write_text(g.path.read_text() + body)
+            out.append(RegionOutcome(g.name, 1, best, 1.5, "test", "candidate"))
+        return out
+    monkeypatch.setattr(run_mod, "optimize_regions", fake)
+
+
+def _run(tmp_path: Path, **cfg) -> run_mod.ModelOutcome:
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    config = OptimizeConfig(device="cpu", timing_budget_ms=50.0, counters=False, **cfg)
+    return run_mod.optimize_model(path, config, Store(tmp_path / "runs.db"), tmp_path / "out", budget_s=60.0,
+                                  min_share=0.0)
+
+
+def test_the_composition_is_judged_and_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _own_code_as_kernels(monkeypatch)
+    outcome = _run(tmp_path, head_to_head=False)
+    assert outcome.status == "ok" and len(outcome.kept) == 3, outcome.dropped
+    text = outcome.best_model.read_text()
+    assert text.startswith("# the model with 3 region kernels, verified")
+    mod = import_module_from_path(outcome.best_model, "_om_best")
+    assert build_model(mod, "ModelNew", 0) is not None
+    assert (tmp_path / "out" / "model_report.json").exists()
+
+
+def test_a_region_kernel_that_breaks_the_model_leaves_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _own_code_as_kernels(monkeypatch, broken="r00")
+    outcome = _run(tmp_path, head_to_head=False)
+    assert outcome.status == "ok"
+    # the broken one goes, possibly after others with smaller gains; what stays is verified
+    assert "r00" not in outcome.kept and any(d.startswith("r00: the composition was incorrect")
+                                             for d in outcome.dropped), outcome.dropped
+
+
+@pytest.mark.slow
+def test_a_composition_no_faster_than_the_model_is_not_the_answer(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _own_code_as_kernels(monkeypatch)
+    outcome = _run(tmp_path, rivals=("eager",))
+    assert not outcome.kept and len(outcome.dropped) == 3, outcome.dropped
+    assert "best_model.py is" in outcome.why and outcome.best_model.exists()
