@@ -10,6 +10,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from kernelevolve.model.budget import MIN_SHARE
+
 if TYPE_CHECKING:
     from kernelevolve.rows import Node
 
@@ -96,6 +98,64 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     _print_usage(console, store, outcome.run_id)
     _print_outcome(console, outcome, args.db)
     return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
+
+
+def cmd_optimize_model(args: argparse.Namespace) -> int:
+    from kernelevolve.model.plan import ModelError
+    from kernelevolve.model.run import optimize_model
+    from kernelevolve.store import Store
+
+    cfg = optimize_config(args, _device(args))
+    console = _console()
+    budget = args.time_budget if args.time_budget is not None else MODEL_BUDGET_S
+    with console.status("starting") as status:
+        def on_stage(stage: str) -> None:
+            console.print(stage, markup=False)
+            status.update(stage)
+
+        try:
+            outcome = optimize_model(args.problem, cfg, Store(args.db), Path(args.out), budget, args.min_share,
+                                     on_stage=on_stage, on_plan=lambda plan: _print_model_plan(console, plan))
+        except ModelError as e:
+            raise UsageError(str(e)) from e
+    for r in outcome.regions:
+        if r.run_id is None:
+            what = r.why
+        elif r.answer == "candidate":
+            what = f"run {r.run_id}: a kernel, {r.speedup:.2f}x its best baseline" if r.speedup else \
+                f"run {r.run_id}: a kernel"
+        else:
+            what = f"run {r.run_id}: {r.why}"
+        console.print(f"{r.name}: {what}", markup=False, soft_wrap=True)
+    for line in outcome.dropped:
+        console.print(f"dropped {line}", markup=False)
+    h = outcome.head_to_head
+    if h is not None and h.answer:
+        ends = ", ".join(f"{h.speedup[k]:.2f}x vs {k}" for k in h.speedup)
+        console.print(f"end to end: {ends}", markup=False)
+    console.print(f"{outcome.best_model}: {outcome.why}", markup=False)
+    return EXIT_OK if outcome.status in ("ok", "") else EXIT_FAIL
+
+
+MODEL_BUDGET_S = 600.0  # a whole model's search when --time-budget is not given
+
+
+def _print_model_plan(console: Any, plan: Any) -> None:
+    from rich.table import Table
+
+    from kernelevolve.model.profile import hot_regions
+
+    t = Table(title=f"{plan.problem.name}: {plan.times.total_ms:.3f} ms of ops on {plan.times.device}, "
+                    f"{len(plan.partition.regions)} regions, {len(plan.groups)} problems")
+    for col in ("region", "kind", "where", "instances", "ms", "share"):
+        t.add_column(col)
+    for h in hot_regions(plan.partition, plan.times)[:12]:
+        t.add_row(h.name, h.kind, h.where, str(h.instances), f"{h.ms:.4f}", f"{h.share:.1%}")
+    console.print(t)
+    for g in plan.groups:
+        console.print(f"{g.name} ({g.path.name}): {g.share.why if g.share else ''}", markup=False)
+    for note in plan.notes:
+        console.print(f"note: {note}", markup=False)
 
 
 def optimize_config(args: argparse.Namespace, device: str) -> Any:
@@ -757,6 +817,15 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default="kernelevolve-out")
     o.add_argument("--resume", metavar="RUN", help="continue run RUN (an id or 'latest') from the store")
     o.set_defaults(func=cmd_optimize)
+
+    m = sub.add_parser("optimize-model", help="profile a whole model, optimize its hot regions, compose and judge it")
+    add_optimize_args(m)
+    m.add_argument("--out", default="kernelevolve-model",
+                   help="where the region problem files, their runs, best_model.py and model_report.json go "
+                        "(default: kernelevolve-model)")
+    m.add_argument("--min-share", type=float, default=MIN_SHARE,
+                   help=f"regions under this share of the model's time are left alone (default {MIN_SHARE})")
+    m.set_defaults(func=cmd_optimize_model)
 
     c = sub.add_parser("check", help="verify and time one candidate file")
     c.add_argument("problem")

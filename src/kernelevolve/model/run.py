@@ -68,12 +68,16 @@ def _gain(c: Chosen, plan: ModelPlan, outcomes: list[RegionOutcome]) -> float:
 
 def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget_s: float,
                    min_share: float = MIN_SHARE, rivals: tuple[str, ...] = MODEL_RIVALS,
-                   on_stage: Callable[[str], None] = lambda s: None) -> ModelOutcome:
+                   on_stage: Callable[[str], None] = lambda s: None,
+                   on_plan: Callable[[ModelPlan], None] = lambda p: None) -> ModelOutcome:
+    """Plan, optimize, compose and judge ``path``'s model; best_model.py and model_report.json go into ``out_dir``
+    beside the problem files. Raises ProblemError for a bad file, ModelError for a model that cannot be captured."""
     from kernelevolve.evaluate import Status
     from kernelevolve.optimize import make_evaluator
     from kernelevolve.report import reference_candidate
 
     plan = plan_model(path, cfg.device, out_dir, budget_s, min_share, on_stage)
+    on_plan(plan)
     outcomes = optimize_regions(plan, cfg, store, on_stage)
     chosen = _chosen(plan, outcomes)
     source = plan.problem.source
