@@ -48,6 +48,14 @@ def test_the_composition_is_judged_and_written(tmp_path: Path, monkeypatch: pyte
     mod = import_module_from_path(outcome.best_model, "_om_best")
     assert build_model(mod, "ModelNew", 0) is not None
     assert (tmp_path / "out" / "model_report.json").exists()
+    # standalone: judged from a folder with nothing else in it, by the command a user would run
+    from kernelevolve.cli import main
+
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "best_model.py").write_text(text)
+    assert main(["check", str(tmp_path / "blocks.py"), str(alone / "best_model.py"), "--device", "cpu",
+                 "--no-baseline", "--timing-budget-ms", "50"]) == 0
 
 
 def test_a_region_kernel_that_breaks_the_model_leaves_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
