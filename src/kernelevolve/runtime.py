@@ -71,15 +71,22 @@ def _signature_of(problem_or_cls: Any) -> str:
 
 
 def patch(model: nn.Module, registry: Registry | str | Path | None = None, device: str | torch.device | None = None,
-          verify: bool = True, rtol: float | None = None, atol: float | None = None) -> list[str]:
+          verify: bool = True, rtol: float | None = None, atol: float | None = None,
+          run: str | Path | None = None) -> list[str]:
     """Replace each submodule of ``model`` whose class matches an approved kernel usable on ``device`` (default: the
     submodule's own device) with that kernel, sharing the submodule's parameters and buffers. Returns the dotted
     names replaced ("" for the model itself, which is patched in place).
+
+    With ``run`` (a ``kernelevolve optimize-model`` output folder, or its ``best_model.py``), the kernels are that
+    run's instead: the model, or each submodule whose class is the run's ``Model``, runs ``best_model.py``'s
+    ``ModelNew`` with its own parameters and buffers.
 
     With ``verify`` each replacement is a PatchedModule: its first call runs the kernel and the original and
     compares the outputs (per-dtype tolerances, or rtol/atol); on a mismatch or an exception it warns (PatchWarning)
     and keeps the original for good. The state_dict layout of the model is unchanged either way. Never raises for
     a bad registry or export: it warns and leaves that submodule alone."""
+    if run is not None:
+        return _patch_run(model, Path(run), verify, rtol, atol)
     try:
         reg = registry if isinstance(registry, Registry) else Registry(registry)
         signatures = {e["signature"] for e in reg.entries()}
@@ -113,6 +120,41 @@ def patch(model: nn.Module, registry: Registry | str | Path | None = None, devic
             _patch_root(model, new, verify, rtol, atol)
         replaced.append(name)
         skip.append(name)
+    return replaced
+
+
+def _patch_run(model: nn.Module, run: Path, verify: bool, rtol: float | None, atol: float | None) -> list[str]:
+    """patch() from a whole-model run's best_model.py: every module whose class is the run's Model."""
+    from kernelevolve.problem import import_module_from_path
+
+    path = run / "best_model.py" if run.is_dir() else run
+    try:
+        module = import_module_from_path(path, f"_ke_model_run_{abs(hash(str(path.resolve())))}")
+        target = class_signature(module.Model)
+        init = list(module.get_init_inputs())
+        module.ModelNew  # noqa: B018 - the contract's name, checked before any module is touched
+    except Exception as e:  # a run's file is arbitrary code: whatever fails, the model stays as it is
+        warnings.warn(f"kernelevolve.patch: {path} unusable, model left unchanged: {type(e).__name__}: {e}",
+                      PatchWarning, stacklevel=3)
+        return []
+    replaced: list[str] = []
+    for name, sub in list(model.named_modules()):
+        if any(name == p or name.startswith(p + ".") or p == "" for p in replaced) or _is_patched(sub) \
+                or _try_signature(type(sub)) != target:
+            continue
+        try:
+            new = _shared(module, init, sub)
+        except Exception as e:  # a model the run's constructor arguments do not fit: left alone
+            warnings.warn(f"kernelevolve.patch: {name or 'the model'} left unchanged: {type(e).__name__}: {e}",
+                          PatchWarning, stacklevel=3)
+            continue
+        new._kernelevolve = True
+        if name:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, PatchedModule(sub, new, name, rtol, atol) if verify else new)
+        else:
+            _patch_root(model, new, verify, rtol, atol)
+        replaced.append(name)
     return replaced
 
 
@@ -160,7 +202,11 @@ def _build(path: str, sub: nn.Module, exports: dict[str, ModuleType]) -> nn.Modu
     if path not in exports:
         exports[path] = load_export(path)
     module = exports[path]
-    init = list(module.KERNELEVOLVE_EXPORT.get("init_inputs") or [])
+    return _shared(module, list(module.KERNELEVOLVE_EXPORT.get("init_inputs") or []), sub)
+
+
+def _shared(module: ModuleType, init: list[Any], sub: nn.Module) -> nn.Module:
+    """``module.ModelNew(*init)`` holding ``sub``'s own parameter and buffer tensors (shared, not copied)."""
     with torch.random.fork_rng(devices=[]):  # building must not move the caller's random stream
         _check_config(module.Model, init, sub)
         new = module.ModelNew(*init)

@@ -74,3 +74,42 @@ def test_a_composition_no_faster_than_the_model_is_not_the_answer(tmp_path: Path
     outcome = _run(tmp_path, rivals=("eager",))
     assert not outcome.kept and len(outcome.dropped) == 3, outcome.dropped
     assert "best_model.py is" in outcome.why and outcome.best_model.exists()
+
+
+def test_a_model_run_patches_a_live_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import kernelevolve
+    from kernelevolve.runtime import PatchedModule
+
+    _own_code_as_kernels(monkeypatch)
+    outcome = _run(tmp_path, head_to_head=False)
+    assert outcome.kept
+    mod = import_module_from_path(tmp_path / "blocks.py", "_om_live")
+    live = build_model(mod, "Model", 5)
+    x = torch.randn(64, 32)
+    with torch.no_grad():
+        want = live(x)
+    # the model itself, patched in place, its state shared
+    assert kernelevolve.patch(live, run=tmp_path / "out") == [""]
+    with torch.no_grad():
+        torch.testing.assert_close(live(x), want)
+        torch.testing.assert_close(live(x), want)  # after the first-call check: the kernel alone
+    assert set(live.state_dict()) == set(build_model(mod, "Model", 5).state_dict())
+
+    # as a submodule of a larger model
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = build_model(mod, "Model", 5)
+
+        def forward(self, x):
+            return self.inner(x) * 2
+
+    outer = Outer()
+    assert kernelevolve.patch(outer, run=tmp_path / "out" / "best_model.py") == ["inner"]
+    assert isinstance(outer.inner, PatchedModule)
+    with torch.no_grad():
+        torch.testing.assert_close(outer(x), want * 2)
+    # a run whose model is another class leaves the model alone
+    assert kernelevolve.patch(torch.nn.Linear(3, 3), run=tmp_path / "out") == []
