@@ -129,11 +129,22 @@ def cmd_optimize_model(args: argparse.Namespace) -> int:
         console.print(f"{r.name}: {what}", markup=False, soft_wrap=True)
     for line in outcome.dropped:
         console.print(f"dropped {line}", markup=False)
+    if outcome.waterfall:
+        from kernelevolve.model.report import waterfall_lines
+
+        for line in waterfall_lines(outcome.waterfall):
+            console.print(line, markup=False)
     h = outcome.head_to_head
     if h is not None and h.answer:
         ends = ", ".join(f"{h.speedup[k]:.2f}x vs {k}" for k in h.speedup)
         console.print(f"end to end: {ends}", markup=False)
     console.print(f"{outcome.best_model}: {outcome.why}", markup=False)
+    if outcome.report is not None:
+        console.print(f"report: {outcome.report}", markup=False)
+    if outcome.run_id is not None:
+        console.print(f"model run {outcome.run_id} in {args.db}: kernelevolve show {outcome.run_id}; to export it, "
+                      f"kernelevolve approve {outcome.run_id} --note TEXT, then kernelevolve export {outcome.run_id} "
+                      "--out FILE.py", markup=False, soft_wrap=True)
     return EXIT_OK if outcome.status in ("ok", "") else EXIT_FAIL
 
 

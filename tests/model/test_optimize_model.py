@@ -113,3 +113,57 @@ def test_a_model_run_patches_a_live_model(tmp_path: Path, monkeypatch: pytest.Mo
         torch.testing.assert_close(outer(x), want * 2)
     # a run whose model is another class leaves the model alone
     assert kernelevolve.patch(torch.nn.Linear(3, 3), run=tmp_path / "out") == []
+
+
+def test_a_model_run_is_a_run_to_show_approve_and_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """The composition is a node of the model's own run: the same approval gate and export as an operator's kernel,
+    and the exported module is the model, drop-in, with the composition behind its guard."""
+    import torch
+
+    from kernelevolve.cli import main
+
+    _own_code_as_kernels(monkeypatch)
+    outcome = _run(tmp_path, head_to_head=False)
+    store = Store(tmp_path / "runs.db")
+    run = store.run(outcome.run_id)
+    assert run.status == "finished" and run.config["model"]["regions"] and "region kernels" in run.stop_reason
+    nodes = store.nodes(run.id)
+    assert [n.proposer for n in nodes] == ["compose"] and nodes[0].ok
+    assert nodes[0].source == outcome.best_model.read_text().split("\n", 2)[2]  # best_model.py less its header
+    db = ["--db", str(tmp_path / "runs.db")]
+    out = tmp_path / "export" / "blocks_kernels.py"
+    assert main(["export", str(run.id), "--out", str(out), *db]) == 2  # not approved: the gate holds
+    assert "not approved" in capsys.readouterr().err
+    assert main(["approve", str(run.id), "--note", "checked", *db]) == 0
+    assert main(["export", str(run.id), "--out", str(out), "--device", "cpu", *db]) == 0
+    mod = import_module_from_path(out, "_om_export")
+    ref = build_model(mod, "Model", 0)
+    new = build_model(mod, "ModelNew", 0)
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(64, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x))
+    assert mod.KERNELEVOLVE_EXPORT["run"] == run.id and mod.KERNELEVOLVE_EXPORT["proposer"] == "compose"
+
+
+def test_the_report_shows_the_time_by_region_before_and_after(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from kernelevolve.model.report import REST, WHOLE_ROW, waterfall_lines
+
+    _own_code_as_kernels(monkeypatch)
+    outcome = _run(tmp_path, head_to_head=False)
+    steps = outcome.waterfall
+    assert [s.name for s in steps] == [*outcome.kept, REST, WHOLE_ROW], outcome.notes
+    # measured, not copied: every kept kernel took some time, and the parts add up to the whole
+    assert all(s.after_ms is not None and s.after_ms > 0 for s in steps[:-2])
+    whole = steps[-1]
+    assert whole.after_ms == pytest.approx(sum(s.after_ms for s in steps[:-1]))
+    assert whole.before_ms == pytest.approx(sum(s.before_ms for s in steps[:-1]))
+    html = outcome.report.read_text()
+    assert "<svg" in html and all(s.name in html for s in steps)
+    assert len(waterfall_lines(steps)) == len(steps) + 1
+    rows = json.loads((tmp_path / "out" / "model_report.json").read_text())["waterfall"]
+    assert [r["name"] for r in rows] == [s.name for s in steps]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -117,3 +118,52 @@ def hot_regions(part: Partition, times: OpTimes) -> list[Hot]:
         rows.append(Hot("-", "outside", f"{len(rest)} ops ({', '.join(sorted({op_name(n) for n in rest}))[:60]})",
                         rest_ms, rest_ms / total, 1))
     return rows
+
+
+WHOLE = "__model__"
+
+
+def composed_times(path: str | Path, region_of: dict[str, str], device: str = "cpu", runs: int = 5,
+                   warmup: int = 2) -> dict[str, float]:
+    """The time of one call of a composed file's ``ModelNew`` (the whole call in one profiler range) and of each
+    region kernel's calls within it, summed by problem: ``region_of`` maps the generated function of each instance
+    (``_ke_<region>``) to its problem's name. Returns {"__model__": ms, problem: ms, ...}."""
+    from kernelevolve.problem import build_model, import_module_from_path, make_inputs
+
+    module = import_module_from_path(path, f"_kernelevolve_composed_{abs(hash(str(path)))}")
+    for fn, name in region_of.items():
+        original = getattr(module, fn, None)
+        if callable(original):
+            setattr(module, fn, _ranged(original, PREFIX + name))
+    inputs = make_inputs(module, 0, device=device)
+    model = build_model(module, "ModelNew", 0).to(device)
+    return _profile_calls(model, inputs, device, runs, warmup)
+
+
+def _ranged(fn: Any, name: str) -> Any:
+    def call(*args: Any) -> Any:
+        with torch.profiler.record_function(name):
+            return fn(*args)
+    return call
+
+
+def _profile_calls(model: Any, inputs: list[Any], device: str, runs: int, warmup: int) -> dict[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    samples: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for _ in range(warmup):
+            model(*inputs)
+        if cuda:
+            torch.cuda.synchronize()
+        for _ in range(runs):
+            with profile(activities=activities) as prof:
+                with torch.profiler.record_function(PREFIX + WHOLE):
+                    model(*inputs)
+                if cuda:
+                    torch.cuda.synchronize()
+            for name, ms in _ranges(prof.events(), cuda).items():
+                samples.setdefault(name, []).append(ms)
+    return {k: statistics.median(v) for k, v in samples.items()}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,14 +36,21 @@ class ModelOutcome:
     head_to_head: HeadToHead | None = None
     best_model: Path | None = None
     why: str = ""  # one line: what best_model.py is
+    run_id: int | None = None  # the model's own run in the store: each composition judged is one of its nodes
+    baseline: Any = None  # the whole model timed in eager and under torch.compile, where it was timed
+    waterfall: list[Any] = field(default_factory=list)  # report.Step rows: time by region, before and after
+    report: Path | None = None  # model_report.html
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         h = self.head_to_head
-        return {"plan": self.plan.to_dict(), "regions": [r.__dict__ | {"best": str(r.best) if r.best else None}
+        return {"run_id": self.run_id, "plan": self.plan.to_dict(), "regions": [r.__dict__ | {"best": str(r.best) if r.best else None}
                                                          for r in self.regions],
                 "kept": self.kept, "dropped": self.dropped, "status": self.status,
                 "head_to_head": h.to_dict() if h is not None else None,
-                "best_model": str(self.best_model) if self.best_model else None, "why": self.why}
+                "best_model": str(self.best_model) if self.best_model else None, "why": self.why,
+                "waterfall": [asdict(s) for s in self.waterfall],
+                "report": str(self.report) if self.report else None, "notes": self.notes}
 
 
 def _chosen(plan: ModelPlan, outcomes: list[RegionOutcome]) -> list[Chosen]:
@@ -84,31 +92,45 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     evaluator = make_evaluator(plan.problem, replace(cfg, timeout_s=max(cfg.timeout_s, 600.0)),
                                out_dir / ".work" / "model")
     result = ModelOutcome(plan, outcomes, [c.name for c in chosen])
+    record = _Record(store, plan, cfg, outcomes)
+    result.run_id = record.run_id
     doc = f"kernelevolve: {Path(plan.problem.path).name} with its regions' kernels"
-    while chosen:
-        text, skipped = compose(source, plan.graph, chosen, doc, plan.dynamic, plan.alt)
-        on_stage(f"judging the model with {len(chosen)} region kernels")
-        verdict = evaluator.evaluate(Candidate(text, proposer="compose"))
-        result.status = verdict.status.value
-        if verdict.status is not Status.OK:
+    try:
+        while chosen:
+            text, skipped = compose(source, plan.graph, chosen, doc, plan.dynamic, plan.alt)
+            on_stage(f"judging the model with {len(chosen)} region kernels")
+            candidate = Candidate(text, proposer="compose", meta={"label": _label(chosen)})
+            verdict = evaluator.evaluate(candidate)
+            result.status = verdict.status.value
+            if verdict.status is Status.OK and verdict.timed and cfg.head_to_head and result.baseline is None:
+                on_stage("timing the whole model: eager and torch.compile")
+                result.baseline = record.baseline(evaluator)
+            record.node(candidate, verdict, result.baseline)
+            if verdict.status is not Status.OK:
+                worst = min(chosen, key=lambda c: _gain(c, plan, outcomes))
+                result.dropped.append(f"{worst.name}: the composition was {verdict.status.value} "
+                                      f"({verdict.reason[:120]})")
+                chosen.remove(worst)
+                continue
+            if not cfg.head_to_head or cfg.device != "cuda" and not verdict.timed:
+                result.why = f"the model with {len(chosen)} region kernels, verified (not timed on {cfg.device})"
+                return _finish(result, text, chosen, skipped, record)
+            on_stage("timing it head to head against the whole model")
+            t0 = time.monotonic()
+            h = evaluator.head_to_head(candidate, list(rivals))
+            record.phases["head_to_head_s"] = round(record.phases.get("head_to_head_s", 0.0)
+                                                    + time.monotonic() - t0, 3)
+            result.head_to_head = h
+            if h.wins:
+                result.why = f"the model with {len(chosen)} region kernels; {h.line()}"
+                return _finish(result, text, chosen, skipped, record)
             worst = min(chosen, key=lambda c: _gain(c, plan, outcomes))
-            result.dropped.append(f"{worst.name}: the composition was {verdict.status.value} "
-                                  f"({verdict.reason[:120]})")
+            result.dropped.append(f"{worst.name}: the composition did not beat {LABELS.get(h.best_baseline)} "
+                                  f"({h.line()[:160]})")
             chosen.remove(worst)
-            continue
-        if not cfg.head_to_head or cfg.device != "cuda" and not verdict.timed:
-            result.why = f"the model with {len(chosen)} region kernels, verified (not timed on {cfg.device})"
-            return _finish(result, text, chosen, skipped)
-        on_stage("timing it head to head against the whole model")
-        h = evaluator.head_to_head(Candidate(text, proposer="compose"), list(rivals))
-        result.head_to_head = h
-        if h.wins:
-            result.why = f"the model with {len(chosen)} region kernels; {h.line()}"
-            return _finish(result, text, chosen, skipped)
-        worst = min(chosen, key=lambda c: _gain(c, plan, outcomes))
-        result.dropped.append(f"{worst.name}: the composition did not beat {LABELS.get(h.best_baseline)} "
-                              f"({h.line()[:160]})")
-        chosen.remove(worst)
+    except BaseException:
+        store.update_run(record.run_id, status="interrupted", stop_reason="stopped while the model was judged")
+        raise
     h = result.head_to_head
     side = h.best_baseline if h is not None and h.answer and h.answer != CANDIDATE else "eager"
     why = "no region kernel made the whole model faster"
@@ -120,10 +142,50 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
 
         text = render(source, COMPILE_OPTIONS[side], LABELS[side])
     result.why = f"{why}: best_model.py is {'the model itself' if side == 'eager' else LABELS[side] + ' of it'}"
-    return _finish(result, text, [], [])
+    return _finish(result, text, [], [], record)
 
 
-def _finish(result: ModelOutcome, text: str, chosen: list[Chosen], skipped: list[str]) -> ModelOutcome:
+def _label(chosen: list[Chosen]) -> str:
+    return f"the model with {len(chosen)} region kernels ({', '.join(c.name for c in chosen)})"
+
+
+class _Record:
+    """The model's own run in the store, so that show, report, approve and export read it as any run: the
+    problem is the model, each composition judged a node (proposer ``compose``), the head-to-head the run's."""
+
+    def __init__(self, store: Any, plan: ModelPlan, cfg: Any, outcomes: list[RegionOutcome]):
+        from kernelevolve.machine import device_key, versions
+
+        self.store, self.plan, self.key = store, plan, device_key(cfg.device)
+        regions = {o.name: o.run_id for o in outcomes}
+        config = cfg.to_dict() | {"model": {"plan": str(plan.out_dir / "model_plan.json"), "regions": regions}}
+        self.run_id = store.create_run(plan.problem, cfg.device, self.key, config, versions())
+        self.phases: dict[str, float] = {}
+
+    def baseline(self, evaluator: Any) -> Any:
+        t0 = time.monotonic()
+        baseline = evaluator.baseline()
+        self.phases["baseline_s"] = round(time.monotonic() - t0, 3)
+        self.store.update_run(self.run_id, baseline=baseline)
+        return baseline
+
+    def node(self, candidate: Candidate, verdict: Any, baseline: Any) -> None:
+        node = self.store.add_node(self.run_id, self.plan.problem.sha, self.key, candidate)
+        self.store.save_result(node.id, verdict.with_baseline(baseline) if baseline is not None else verdict)
+
+    def finish(self, result: "ModelOutcome") -> None:
+        from kernelevolve.store import now
+
+        fields: dict[str, Any] = {"status": "finished", "finished": now(), "stop_reason": result.why,
+                                  "phases": self.phases}
+        if result.head_to_head is not None:
+            fields["head_to_head"] = result.head_to_head
+        self.store.update_run(self.run_id, **fields)
+
+
+def _finish(result: ModelOutcome, text: str, chosen: list[Chosen], skipped: list[str],
+            record: _Record) -> ModelOutcome:
+    record.finish(result)
     out = result.plan.out_dir
     result.kept = [c.name for c in chosen]
     result.dropped += skipped
@@ -131,5 +193,10 @@ def _finish(result: ModelOutcome, text: str, chosen: list[Chosen], skipped: list
     path = out / "best_model.py"
     path.write_text(header + text)
     result.best_model = path
+    from kernelevolve.model.report import write_model_report
+
+    result.report, result.waterfall, note = write_model_report(result)
+    if note:
+        result.notes.append(note)
     (out / "model_report.json").write_text(json.dumps(result.to_dict(), indent=1, default=str))
     return result
