@@ -30,3 +30,31 @@ def test_a_bench_model_loads_and_plans(path: Path, tmp_path: Path) -> None:
     assert len(plan.groups) == len(plan.partition.groups()), plan.notes
     for g in plan.groups:
         assert load_problem(g.path).name == g.path.stem
+
+
+def test_the_level3_draw_is_fixed_by_its_seed_and_spans_the_categories() -> None:
+    from bench.models import CATEGORIES, DRAW, LEVEL3, draw_level3
+
+    every = {n for names in CATEGORIES.values() for n in names}
+    if LEVEL3.exists():  # each level-3 file has a category
+        assert {p.stem for p in LEVEL3.glob("*.py")} <= every
+    folder = LEVEL3 if LEVEL3.exists() else None
+    if folder is None:
+        pytest.skip("no KernelBench level 3 beside the checkout")
+    a, b = draw_level3(folder, 36), draw_level3(folder, 36)
+    assert a == b and len(a) == sum(DRAW.values()) >= 12
+    assert draw_level3(folder, 37) != a
+
+
+@pytest.mark.slow
+def test_the_model_benchmark_runs_a_small_model_on_the_cpu(tmp_path: Path) -> None:
+    import json
+
+    from bench.models import main
+
+    out = tmp_path / "m.json"
+    assert main(["--device", "cpu", "--small", "--models", "mmoe", "--budget-s", "20", "--json", str(out),
+                 "--out-dir", str(tmp_path / "o")]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["model"] == "mmoe" and row["status"] == "ok" and row["waterfall"], row
+    assert row["problems"] and (tmp_path / "o" / "mmoe" / "best_model.py").exists()

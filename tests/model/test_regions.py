@@ -189,6 +189,15 @@ def test_a_region_file_computes_the_region_on_the_models_own_inputs(tmp_path: Pa
         assert len(got) == len(want), loaded.name
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w)
+        # a copy of the file elsewhere (as a candidate built from it is written) still finds the model
+        away = tmp_path / "elsewhere" / region.name / path.name
+        away.parent.mkdir(parents=True)
+        away.write_text(path.read_text())
+        copy = import_module_from_path(away, f"_test_region_away_{region.name}")
+        with torch.no_grad():
+            copied = copy.Model()(*xs)
+        for g, w in zip(copied if isinstance(copied, (tuple, list)) else [copied], want):
+            torch.testing.assert_close(g, w)
         # a fresh draw is a different draw
         torch.manual_seed(8)
         other = mod.get_inputs()

@@ -6,10 +6,13 @@ first warm the allocator and the libraries up; the median over the measured runs
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.fx as fx
@@ -46,7 +49,7 @@ def _to(x: Any, device: str) -> Any:
 
 def op_times(graph: CapturedGraph, device: str = "cpu", runs: int = 5, warmup: int = 2) -> OpTimes:
     """Profile ``graph`` on its example arguments, moved to ``device``."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     args = [[_to(t, device) for t in graph.example[0]], *[_to(x, device) for x in graph.example[1:]]]
     cuda = torch.device(device).type == "cuda"
@@ -59,7 +62,7 @@ def op_times(graph: CapturedGraph, device: str = "cpu", runs: int = 5, warmup: i
         if cuda:
             torch.cuda.synchronize()
         for _ in range(runs):
-            with profile(activities=activities) as prof:
+            with _profiled(activities) as prof:
                 interp.run(*args)
                 if cuda:
                     torch.cuda.synchronize()
@@ -68,6 +71,35 @@ def op_times(graph: CapturedGraph, device: str = "cpu", runs: int = 5, warmup: i
                 samples.setdefault(name, []).append(ms)
     per_node = {k: statistics.median(v) for k, v in samples.items()}
     return OpTimes(per_node, sum(per_node.values()), device, runs)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """The process's stderr closed for a moment: some builds' profilers print a line to it at every start and stop."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def _profiled(activities: list[Any]) -> Iterator[Any]:
+    """A profiler over the block, started and stopped quietly (the block itself keeps its stderr)."""
+    from torch.profiler import profile
+
+    prof = profile(activities=activities)
+    with _quiet_stderr():
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with _quiet_stderr():
+            prof.stop()
 
 
 def _ranges(events: Any, cuda: bool) -> dict[str, float]:
@@ -148,7 +180,7 @@ def _ranged(fn: Any, name: str) -> Any:
 
 
 def _profile_calls(model: Any, inputs: list[Any], device: str, runs: int, warmup: int) -> dict[str, float]:
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     cuda = torch.device(device).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -159,7 +191,7 @@ def _profile_calls(model: Any, inputs: list[Any], device: str, runs: int, warmup
         if cuda:
             torch.cuda.synchronize()
         for _ in range(runs):
-            with profile(activities=activities) as prof:
+            with _profiled(activities) as prof:
                 with torch.profiler.record_function(PREFIX + WHOLE):
                     model(*inputs)
                 if cuda:

@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 
 SOURCE = Path(__file__).with_name({source!r})  # the whole model this region comes from
+if not SOURCE.exists():  # a copy of this file elsewhere (a candidate's, say) reads the model where it was
+    SOURCE = Path({where!r})
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,8 +150,10 @@ def region_parts(graph: CapturedGraph, region: Region) -> tuple[list[fx.Node], l
     return nodes, [a for a in inputs if a in state], [a for a in inputs if a not in state]
 
 
-def region_source(graph: CapturedGraph, region: Region, source_name: str, doc: str, init_seed: int = 0) -> str:
-    """The problem file of ``region`` (its first instance: the others share its signature)."""
+def region_source(graph: CapturedGraph, region: Region, source_name: str, doc: str, init_seed: int = 0,
+                  source_path: Path | None = None) -> str:
+    """The problem file of ``region`` (its first instance: the others share its signature); ``source_path``, the
+    model's absolute path, is where a copy of the file elsewhere finds the model."""
     state = _state_inputs(graph)
     order = {n: i for i, n in enumerate(graph.graph.nodes)}
     nodes, weights, activations = region_parts(graph, region)
@@ -192,7 +196,8 @@ def region_source(graph: CapturedGraph, region: Region, source_name: str, doc: s
     prefix.append(f"return [{', '.join(pname(a) + '.detach().clone()' for a in activations)}]")
 
     ops = ", ".join(dict.fromkeys(op_name(n) for n in region.nodes))
-    text = HEADER.format(doc=doc, source=source_name, init_seed=init_seed)
+    text = HEADER.format(doc=doc, source=source_name, init_seed=init_seed,
+                         where=str(source_path or source_name))
     text += KEEP
     text += MODEL.format(doc=f"{region.kind} region: {ops}"[:110], weights=_indent(lines_w) or "        pass",
                          params=params, body=_indent(body))
@@ -220,6 +225,6 @@ def _const_hint(n: fx.Node) -> str:
 def write_region(graph: CapturedGraph, region: Region, out_dir: Path, source_name: str, doc: str,
                  init_seed: int = 0) -> Path:
     path = out_dir / f"region_{region.name}.py"
-    path.write_text(region_source(graph, region, source_name, doc, init_seed))
+    path.write_text(region_source(graph, region, source_name, doc, init_seed, (out_dir / source_name).resolve()))
     return path
 
