@@ -101,6 +101,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def cmd_optimize_model(args: argparse.Namespace) -> int:
+    from kernelevolve.model.compose import HOSTS
     from kernelevolve.model.plan import ModelError
     from kernelevolve.model.run import optimize_model
     from kernelevolve.store import Store
@@ -108,6 +109,9 @@ def cmd_optimize_model(args: argparse.Namespace) -> int:
     cfg = optimize_config(args, _device(args))
     console = _console()
     budget = args.time_budget if args.time_budget is not None else MODEL_BUDGET_S
+    hosts = tuple(h for h in (args.hosts or "").split(",") if h) or None
+    if hosts and any(h not in HOSTS for h in hosts):
+        raise UsageError(f"--hosts takes {' or '.join(HOSTS)} (comma-separated), not {args.hosts!r}")
     with console.status("starting") as status:
         def on_stage(stage: str) -> None:
             console.print(stage, markup=False)
@@ -115,7 +119,8 @@ def cmd_optimize_model(args: argparse.Namespace) -> int:
 
         try:
             outcome = optimize_model(args.problem, cfg, Store(args.db), Path(args.out), budget, args.min_share,
-                                     on_stage=on_stage, on_plan=lambda plan: _print_model_plan(console, plan))
+                                     on_stage=on_stage, on_plan=lambda plan: _print_model_plan(console, plan),
+                                     hosts=hosts)
         except ModelError as e:
             raise UsageError(str(e)) from e
     for r in outcome.regions:
@@ -836,6 +841,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: kernelevolve-model)")
     m.add_argument("--min-share", type=float, default=MIN_SHARE,
                    help=f"regions under this share of the model's time are left alone (default {MIN_SHARE})")
+    m.add_argument("--hosts", default=None, metavar="HOST[,HOST]",
+                   help="how best_model.py runs the kernels: eager (the generated forward as it stands), compile "
+                        "(under torch.compile, each kernel an opaque custom op), or both, each judged and the faster "
+                        "kept (default: both on a GPU, eager on the CPU)")
     m.set_defaults(func=cmd_optimize_model)
 
     c = sub.add_parser("check", help="verify and time one candidate file")

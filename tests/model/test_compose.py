@@ -25,7 +25,7 @@ def _template_kernel(path: Path) -> str | None:
     return proposer.render(plan, {r.key: r.default() for r in plan.regions}, "default")
 
 
-def _check(tmp_path: Path, source: str, kernel: str) -> tuple[str, list[str]]:
+def _check(tmp_path: Path, source: str, kernel: str, host: str = "eager") -> tuple[str, list[str]]:
     model_path = tmp_path / "model.py"
     model_path.write_text(source)
     plan = plan_model(model_path, "cpu", tmp_path / "out")
@@ -38,7 +38,8 @@ def _check(tmp_path: Path, source: str, kernel: str) -> tuple[str, list[str]]:
         if text:
             chosen.append(Chosen(g.name, g.regions, text, f"{kernel} kernel"))
     assert chosen
-    text, skipped = compose(source, plan.graph, chosen, "the model with its regions' kernels", plan.dynamic, plan.alt)
+    text, skipped = compose(source, plan.graph, chosen, "the model with its regions' kernels", plan.dynamic, plan.alt,
+                            host)
     out = tmp_path / "best_model.py"
     out.write_text(text)
     ref_mod = import_module_from_path(model_path, "_compose_ref")
@@ -89,3 +90,50 @@ def test_other_shapes_take_the_models_own_forward(tmp_path: Path) -> None:
     x = torch.randn(5, 32)
     with torch.no_grad():
         torch.testing.assert_close(new(x), ref(x))
+
+
+def test_the_compile_host_keeps_the_kernels_opaque_and_computes_the_model(tmp_path: Path) -> None:
+    """Under torch.compile each instance is a custom op: the kernels run (counted), Inductor compiles the rest."""
+    text, skipped = _check(tmp_path, BLOCKS, "reference", host="compile")
+    assert "torch.library.custom_op" in text and "torch.compile(" in text and not skipped
+    # a second load of the file registers ops of its own
+    again = import_module_from_path(tmp_path / "best_model.py", "_compose_new_again")
+    assert again._KE_TAG != import_module_from_path(tmp_path / "best_model.py", "_compose_new_third")._KE_TAG
+
+
+def test_an_unknown_host_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="host"):
+        compose("", None, [], "", host="jit")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("host", ["eager", "compile"])
+def test_template_kernels_compose_on_the_gpu(tmp_path: Path, host: str) -> None:
+    """The regions' default template kernels in the model on the GPU, in both hosts: the model's outputs."""
+    from kernelevolve.propose.template import TemplateProposer
+
+    model_path = tmp_path / "model.py"
+    model_path.write_text(BLOCKS)
+    plan = plan_model(model_path, "cuda", tmp_path / "out")
+    proposer = TemplateProposer("cuda", seed=0)
+    chosen = []
+    for g in plan.groups:
+        tp = proposer.plan(load_problem(g.path, "cuda"))
+        if tp.regions:
+            chosen.append(Chosen(g.name, g.regions, proposer.render(tp, {r.key: r.default() for r in tp.regions},
+                                                                    "default"), "template kernel"))
+    assert chosen
+    text, _ = compose(BLOCKS, plan.graph, chosen, "gpu", host=host)
+    out = tmp_path / "best_model.py"
+    out.write_text(text)
+    ref_mod = import_module_from_path(model_path, f"_gpu_ref_{host}")
+    new_mod = import_module_from_path(out, f"_gpu_new_{host}")
+    ref = build_model(ref_mod, "Model", 3).cuda()
+    new = build_model(new_mod, "ModelNew", 3).cuda()
+    new.load_state_dict(ref.state_dict())
+    torch.manual_seed(11)
+    xs = [x.cuda() for x in ref_mod.get_inputs()]
+    with torch.no_grad():
+        torch.testing.assert_close(new(*xs), ref(*xs), rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(new(*xs), ref(*xs), rtol=2e-3, atol=2e-3)

@@ -167,3 +167,20 @@ def test_the_report_shows_the_time_by_region_before_and_after(tmp_path: Path,
     assert len(waterfall_lines(steps)) == len(steps) + 1
     rows = json.loads((tmp_path / "out" / "model_report.json").read_text())["waterfall"]
     assert [r["name"] for r in rows] == [s.name for s in steps]
+
+
+def test_both_hosts_are_judged_and_the_faster_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _own_code_as_kernels(monkeypatch)
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    config = OptimizeConfig(device="cpu", timing_budget_ms=50.0, counters=False, head_to_head=False)
+    store = Store(tmp_path / "runs.db")
+    outcome = run_mod.optimize_model(path, config, store, tmp_path / "out", budget_s=60.0, min_share=0.0,
+                                     hosts=("eager", "compile"))
+    nodes = store.nodes(outcome.run_id)
+    assert [n.meta["label"].split(", ")[1].split(" (")[0] for n in nodes] == ["eager host", "compile host"]
+    assert all(n.ok for n in nodes), [n.result.reason for n in nodes]
+    kept = min(nodes, key=lambda n: n.result.runtime_ms)
+    assert outcome.best_model.read_text().endswith(kept.source) and "host" in outcome.why
+    with pytest.raises(ValueError, match="unknown host"):
+        run_mod.optimize_model(path, config, store, tmp_path / "o2", budget_s=60.0, hosts=("jit",))

@@ -5,6 +5,11 @@ arguments and state), each chosen region's ``best.py`` as text, loaded once into
 generated ``forward``: the model's graph op by op as it was traced, where every instance of a chosen region calls
 that region's kernel with the instance's own weights and activations. Inputs of other shapes or dtypes than the
 traced ones take the model's own forward. The file needs torch and triton only.
+
+Two hosts: ``eager`` calls each region's kernel from the generated forward as it stands; ``compile`` registers each
+instance as a ``torch.library`` custom op (its outputs described to the compiler from the traced shapes, so the
+kernels stay opaque to Inductor) and runs the generated forward under ``torch.compile``: Inductor fuses the glue
+between the regions, the regions keep their kernels.
 """
 from __future__ import annotations
 
@@ -64,6 +69,54 @@ def _kernelevolve_call(module, params, buffers, xs):
 '''
 
 
+OPS = '''
+
+_KE_TAG = __import__("uuid").uuid4().hex[:12]  # op names of their own for each load of this file
+
+
+def _kernelevolve_op(name, instance, params, buffers, outputs):
+    """One instance of a region as a custom op: opaque to torch.compile, its outputs fresh contiguous tensors of the
+    traced shapes and dtypes (``outputs``). Its weights come as one list: ``params``' names, then ``buffers``'."""
+    @torch.library.custom_op(f"kernelevolve_model::{name}_{_KE_TAG}", mutates_args=())
+    def op(ws: list[torch.Tensor], xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        outs = _kernelevolve_call(instance, list(zip(params, ws)), list(zip(buffers, ws[len(params):])), xs)
+        seen = {t.untyped_storage().data_ptr() for t in [*ws, *xs]}
+        fresh = []
+        for o in outs:  # no output may alias an input or another output
+            o = o.contiguous()
+            fresh.append(o.clone() if o.untyped_storage().data_ptr() in seen else o)
+            seen.add(o.untyped_storage().data_ptr())
+        return fresh
+
+    @op.register_fake
+    def _(ws, xs):
+        device = (xs or ws)[0].device
+        return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in outputs]
+
+    return op
+'''
+
+COMPILED = '''
+
+_KE_EAGER_FORWARD = ModelNew.forward
+
+
+def _kernelevolve_compiled_forward(self, *args):
+    """The generated forward under torch.compile (compiled on the first call), the region kernels custom ops."""
+    if len(args) != {n_inputs} or not _kernelevolve_shapes_match(args):
+        return Model.forward(self, *args)
+    compiled = self.__dict__.get("_ke_compiled")
+    if compiled is None:
+        compiled = self.__dict__["_ke_compiled"] = torch.compile(_KE_EAGER_FORWARD.__get__(self))
+    return compiled(*args)
+
+
+ModelNew.forward = _kernelevolve_compiled_forward
+'''
+
+HOSTS = ("eager", "compile")
+
+
 def _text(source: str) -> str:
     """A file's text as a literal a reader can read: a raw triple-quoted string where it can be one."""
     body = source if source.endswith("\n") else source + "\n"
@@ -87,11 +140,16 @@ def _instance_match(graph: CapturedGraph, region: Region, taken: set[fx.Node]) -
 
 def compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc: str,
             dynamic: dict[int, set[int]] | None = None,
-            alt: tuple[CapturedGraph, list[Region]] | None = None) -> tuple[str, list[str]]:
+            alt: tuple[CapturedGraph, list[Region]] | None = None, host: str = "eager") -> tuple[str, list[str]]:
     """best_model.py's text, and a line for each instance left to the model's own ops (and why).
 
     ``dynamic`` names input dims whose sizes vary by draw (jagged totals) and ``alt`` the graph and regions of a draw
-    where they differ: the guard leaves those dims free only where both draws write the same forward."""
+    where they differ: the guard leaves those dims free only where both draws write the same forward. The compile
+    host describes each kernel's outputs by their traced shapes, so its guard is always the strict one."""
+    if host not in HOSTS:
+        raise ValueError(f"host {host!r}: one of {', '.join(HOSTS)}")
+    if host == "compile":
+        return _compose(model_source, graph, chosen, doc, {}, compiled=True)
     if not dynamic or alt is None:
         return _compose(model_source, graph, chosen, doc, {})
     text, skipped = _compose(model_source, graph, chosen, doc, dynamic)
@@ -112,7 +170,7 @@ def compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc: 
 
 
 def _compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc: str,
-             dynamic: dict[int, set[int]]) -> tuple[str, list[str]]:
+             dynamic: dict[int, set[int]], compiled: bool = False) -> tuple[str, list[str]]:
     state = dict(zip(graph.placeholders(), graph.state_names))
     matches: list[Match] = []
     launchers: dict[str, str] = {}
@@ -139,9 +197,20 @@ def _compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc:
             modules.append(f"{fn.upper()} = _kernelevolve_instance({var})")
             n_x = len(m.inputs) - n_w
             args = ", ".join([f"__w{i}" for i in range(n_w)] + [f"__x{i}" for i in range(n_x)])
-            modules.append(f"def {fn}({args}):  # {region.where}: {', '.join(state[w] for w in m.inputs[:n_w])}\n"
-                           f"    return _kernelevolve_call({fn.upper()}, [{', '.join(params)}], [{', '.join(buffers)}], "
-                           f"[{', '.join(f'__x{i}' for i in range(n_x))}])")
+            xs = f"[{', '.join(f'__x{i}' for i in range(n_x))}]"
+            head = f"def {fn}({args}):  # {region.where}: {', '.join(state[w] for w in m.inputs[:n_w])}\n"
+            if compiled:
+                floats = [i for i in range(n_w) if m.inputs[i].meta["val"].is_floating_point()]
+                ws = floats + [i for i in range(n_w) if i not in floats]
+                outs = [(tuple(o.meta["val"].shape), dtype(o)) for o in m.outputs]
+                names = [f"w{i}" for i in ws]
+                modules.append(f"{fn.upper()}_OP = _kernelevolve_op({region.name!r}, {fn.upper()}, "
+                               f"{names[:len(floats)]!r}, {names[len(floats):]!r}, ["
+                               + ", ".join(f"({s!r}, {d})" for s, d in outs) + "])")
+                modules.append(head + f"    return tuple({fn.upper()}_OP([{', '.join(f'__w{i}' for i in ws)}], {xs}))")
+            else:
+                modules.append(head + f"    return _kernelevolve_call({fn.upper()}, [{', '.join(params)}], "
+                               f"[{', '.join(buffers)}], {xs})")
             matches.append(m)
             launchers[m.key] = fn
     body = forward_body(graph, matches, launchers)
@@ -154,8 +223,11 @@ def _compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc:
                        prologue="".join(f"        {line}\n" for line in prologue),
                        body="\n".join("        " + line for line in body),
                        guards="\n            and ".join(_guard(graph, dynamic)))
+    loader = LOADER.strip("\n") + (OPS.rstrip("\n") if compiled else "")
     parts = [f'"""{doc}"""', "import torch\nimport torch.nn as nn",
              "# ---- the model, verbatim " + "-" * 86, model_source.rstrip(),
-             "# ---- end of the model " + "-" * 89, LOADER.strip("\n"), *modules]
+             "# ---- end of the model " + "-" * 89, loader, *modules]
+    if compiled:
+        cls += COMPILED.format(n_inputs=graph.n_inputs)
     return "\n\n\n".join(parts) + "\n" + cls, skipped
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.headtohead import CANDIDATE, HeadToHead, LABELS
-from kernelevolve.model.compose import Chosen, compose
+from kernelevolve.model.compose import HOSTS, Chosen, compose
 from kernelevolve.model.plan import MIN_SHARE, ModelPlan, RegionOutcome, optimize_regions, plan_model
 
 log = logging.getLogger(__name__)
@@ -77,13 +77,20 @@ def _gain(c: Chosen, plan: ModelPlan, outcomes: list[RegionOutcome]) -> float:
 def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget_s: float,
                    min_share: float = MIN_SHARE, rivals: tuple[str, ...] = MODEL_RIVALS,
                    on_stage: Callable[[str], None] = lambda s: None,
-                   on_plan: Callable[[ModelPlan], None] = lambda p: None) -> ModelOutcome:
+                   on_plan: Callable[[ModelPlan], None] = lambda p: None,
+                   hosts: tuple[str, ...] | None = None) -> ModelOutcome:
     """Plan, optimize, compose and judge ``path``'s model; best_model.py and model_report.json go into ``out_dir``
-    beside the problem files. Raises ProblemError for a bad file, ModelError for a model that cannot be captured."""
+    beside the problem files. ``hosts``: the compositions judged each round (compose.HOSTS; by default both on a
+    GPU, eager on the CPU), the faster verified one going on to the head-to-head. Raises ProblemError for a bad
+    file, ModelError for a model that cannot be captured."""
     from kernelevolve.evaluate import Status
     from kernelevolve.optimize import make_evaluator
     from kernelevolve.report import reference_candidate
 
+    hosts = hosts or default_hosts(cfg.device)
+    unknown = [h for h in hosts if h not in HOSTS]
+    if unknown:
+        raise ValueError(f"unknown host {', '.join(unknown)}: one of {', '.join(HOSTS)}")
     plan = plan_model(path, cfg.device, out_dir, budget_s, min_share, on_stage)
     on_plan(plan)
     outcomes = optimize_regions(plan, cfg, store, on_stage)
@@ -97,33 +104,26 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     doc = f"kernelevolve: {Path(plan.problem.path).name} with its regions' kernels"
     try:
         while chosen:
-            text, skipped = compose(source, plan.graph, chosen, doc, plan.dynamic, plan.alt)
-            on_stage(f"judging the model with {len(chosen)} region kernels")
-            candidate = Candidate(text, proposer="compose", meta={"label": _label(chosen)})
-            verdict = evaluator.evaluate(candidate)
-            result.status = verdict.status.value
-            if verdict.status is Status.OK and verdict.timed and cfg.head_to_head and result.baseline is None:
-                on_stage("timing the whole model: eager and torch.compile")
-                result.baseline = record.baseline(evaluator)
-            record.node(candidate, verdict, result.baseline)
-            if verdict.status is not Status.OK:
+            judged = _judge_hosts(source, plan, chosen, doc, hosts, evaluator, record, result, cfg, on_stage)
+            if isinstance(judged, str):  # no host verified: the kernel with the smallest gain goes
                 worst = min(chosen, key=lambda c: _gain(c, plan, outcomes))
-                result.dropped.append(f"{worst.name}: the composition was {verdict.status.value} "
-                                      f"({verdict.reason[:120]})")
+                result.dropped.append(f"{worst.name}: the composition was {judged}")
                 chosen.remove(worst)
                 continue
+            host, candidate, verdict, skipped = judged
+            what = f"the model with {len(chosen)} region kernels"
             if not cfg.head_to_head or cfg.device != "cuda" and not verdict.timed:
-                result.why = f"the model with {len(chosen)} region kernels, verified (not timed on {cfg.device})"
-                return _finish(result, text, chosen, skipped, record)
-            on_stage("timing it head to head against the whole model")
+                result.why = f"{what}, verified (not timed on {cfg.device}), {host} host"
+                return _finish(result, candidate.source, chosen, skipped, record)
+            on_stage(f"timing it head to head against the whole model ({host} host)")
             t0 = time.monotonic()
             h = evaluator.head_to_head(candidate, list(rivals))
             record.phases["head_to_head_s"] = round(record.phases.get("head_to_head_s", 0.0)
                                                     + time.monotonic() - t0, 3)
             result.head_to_head = h
             if h.wins:
-                result.why = f"the model with {len(chosen)} region kernels; {h.line()}"
-                return _finish(result, text, chosen, skipped, record)
+                result.why = f"{what}, {host} host; {h.line()}"
+                return _finish(result, candidate.source, chosen, skipped, record)
             worst = min(chosen, key=lambda c: _gain(c, plan, outcomes))
             result.dropped.append(f"{worst.name}: the composition did not beat {LABELS.get(h.best_baseline)} "
                                   f"({h.line()[:160]})")
@@ -145,8 +145,42 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     return _finish(result, text, [], [], record)
 
 
-def _label(chosen: list[Chosen]) -> str:
-    return f"the model with {len(chosen)} region kernels ({', '.join(c.name for c in chosen)})"
+def default_hosts(device: str) -> tuple[str, ...]:
+    """Both hosts on a GPU; on the CPU eager only (compiling the whole model twice more costs more than it tells)."""
+    return HOSTS if device == "cuda" else ("eager",)
+
+
+def _label(chosen: list[Chosen], host: str) -> str:
+    return f"the model with {len(chosen)} region kernels, {host} host ({', '.join(c.name for c in chosen)})"
+
+
+def _judge_hosts(source: str, plan: ModelPlan, chosen: list[Chosen], doc: str, hosts: tuple[str, ...],
+                 evaluator: Any, record: "_Record", result: "ModelOutcome", cfg: Any,
+                 on_stage: Callable[[str], None]) -> tuple[str, Candidate, Any, list[str]] | str:
+    """Each host's composition judged (a node each); the verified one with the fastest call goes on, else a line
+    saying what went wrong with the first."""
+    from kernelevolve.evaluate import Status
+
+    passed, failed = [], []
+    for host in hosts:
+        text, skipped = compose(source, plan.graph, chosen, doc, plan.dynamic, plan.alt, host)
+        on_stage(f"judging the model with {len(chosen)} region kernels ({host} host)")
+        candidate = Candidate(text, proposer="compose", meta={"label": _label(chosen, host)})
+        verdict = evaluator.evaluate(candidate)
+        if verdict.status is Status.OK and verdict.timed and cfg.head_to_head and result.baseline is None:
+            on_stage("timing the whole model: eager and torch.compile")
+            result.baseline = record.baseline(evaluator)
+        record.node(candidate, verdict, result.baseline)
+        if verdict.status is Status.OK:
+            passed.append((host, candidate, verdict, skipped))
+        else:
+            failed.append((verdict.status.value, f"{verdict.status.value} with the {host} host "
+                                                 f"({verdict.reason[:120]})"))
+    result.status = "ok" if passed else failed[0][0]
+    if not passed:
+        return failed[0][1]
+    result.notes += [f"the composition was {line}" for _, line in failed]
+    return min(passed, key=lambda p: p[2].runtime_ms if p[2].timed and p[2].runtime_ms else float("inf"))
 
 
 class _Record:
