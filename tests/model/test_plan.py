@@ -51,3 +51,40 @@ def test_the_regions_go_through_the_operator_loop(tmp_path: Path) -> None:
     outcomes = optimize_regions(plan, cfg, Store(tmp_path / "runs.db"))
     ran = [o for o in outcomes if o.run_id is not None]
     assert ran and all(o.best is not None and o.best.exists() for o in ran)
+
+
+def test_lanes_are_the_local_gpus_or_runs_on_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelevolve.model.lanes import MAX_RAY_RUNS, lane_devices
+    from kernelevolve.optimize import OptimizeConfig
+
+    assert lane_devices(OptimizeConfig(device="cpu"), 5) == [None]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert lane_devices(OptimizeConfig(device="cuda"), 5) == ["2", "3"]
+    assert lane_devices(OptimizeConfig(device="cuda"), 1) == [None]  # one problem: nothing to share
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert lane_devices(OptimizeConfig(device="cuda"), 5) == [None]
+    ray = OptimizeConfig(device="cuda", executor="ray", ray_address="auto")
+    assert lane_devices(ray, 3) == [None] * 3 and len(lane_devices(ray, 50)) == MAX_RAY_RUNS
+
+
+@pytest.mark.slow
+def test_problems_run_in_parallel_lanes_each_a_run_of_its_own(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two lanes (as two GPUs would be): each problem in a process of its own, each a run in the one store."""
+    from kernelevolve.model import lanes
+    from kernelevolve.optimize import OptimizeConfig
+    from kernelevolve.store import Store
+
+    monkeypatch.setattr(lanes, "lane_devices", lambda cfg, n: ["", ""])
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    plan = plan_model(path, "cpu", tmp_path / "out", budget_s=200.0, min_share=0.0)
+    cfg = OptimizeConfig(device="cpu", max_evals=2, timing_budget_ms=50.0, counters=False)
+    stages: list[str] = []
+    outcomes = optimize_regions(plan, cfg, Store(tmp_path / "runs.db"), stages.append)
+    ran = [o for o in outcomes if o.run_id is not None]
+    assert len(ran) >= 2 and len({o.run_id for o in ran}) == len(ran), [o.why for o in outcomes]
+    assert all(o.best is not None and o.best.exists() for o in ran)
+    runs = {r.id for r in Store(tmp_path / "runs.db").runs()}
+    assert {o.run_id for o in ran} <= runs
+    assert any(" on GPU " in s for s in stages)

@@ -139,23 +139,20 @@ class RegionOutcome:
 
 def optimize_regions(plan: ModelPlan, cfg: Any, store: Any,
                      on_stage: Callable[[str], None] = lambda s: None) -> list[RegionOutcome]:
-    """The operator loop on every problem with a budget, largest claim first."""
-    from kernelevolve.optimize import optimize
+    """The operator loop on every problem with a budget, largest claim first; in parallel over the local GPUs or a
+    Ray cluster where there are several (lanes.py)."""
+    from kernelevolve.model.lanes import run_all
 
+    jobs = [(g.name, g.path, replace(cfg, time_budget_s=g.share.budget_s), plan.out_dir / g.name)
+            for g in plan.groups if g.share is not None and g.share.budget_s > 0]
+    labels = {g.name: f"{g.name} ({g.kind} at {g.regions[0].where})" for g in plan.groups}
+    done = run_all(jobs, cfg, store, on_stage, labels)
     out = []
     for g in plan.groups:
-        if g.share is None or g.share.budget_s <= 0:
+        if g.name not in done:
             out.append(RegionOutcome(g.name, None, None, None, g.share.why if g.share else "not planned"))
             continue
-        on_stage(f"{g.name} ({g.kind} at {g.regions[0].where}): {g.share.budget_s:.0f} s")
-        region_cfg = replace(cfg, time_budget_s=g.share.budget_s)
-        result = optimize(g.path, region_cfg, store, plan.out_dir / g.name)
-        h = result.head_to_head
-        speedup, answer = None, ""
-        if h is not None and h.answer:
-            speedup, answer = h.speedup.get(h.best_baseline), h.answer
-        elif result.best_result is not None and "the reference itself" not in result.best_why:
-            answer = "candidate"  # no head-to-head held: the judge's verdict stands
-            speedup = result.best_result.speedup_eager
-        out.append(RegionOutcome(g.name, result.run_id, result.files.get("best"), speedup, result.best_why, answer))
+        f = done[g.name]
+        out.append(RegionOutcome(g.name, f["run_id"], Path(f["best"]) if f["best"] else None, f["speedup"], f["why"],
+                                 f["answer"]))
     return out

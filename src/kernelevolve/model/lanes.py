@@ -1,0 +1,119 @@
+"""A model's problems in parallel: one lane per local GPU, or several runs at once on a Ray cluster.
+
+On a machine with several GPUs each problem runs as ``kernelevolve optimize`` would, in a process of its own that
+sees one GPU only (``CUDA_VISIBLE_DEVICES``): its profile, baseline, screen, judge and head-to-head all stay on that
+GPU, so runs on different GPUs do not disturb each other's clocks. With ``--executor ray`` the runs share the
+cluster (Ray places each evaluation on a GPU), several at once from this process. Everywhere else, and for a single
+problem, they run one after the other. Each run is a run in the store, as ``optimize`` writes it.
+
+    python -m kernelevolve.model.lanes PROBLEM.py OUT_DIR DB CONFIG_JSON   # one lane's run; prints a JSON line
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+MAX_RAY_RUNS = 8  # runs at once on a Ray cluster
+
+
+def lane_devices(cfg: Any, problems: int) -> list[str | None]:
+    """The lanes: a CUDA_VISIBLE_DEVICES value for each local GPU (None: a run in this process, on a Ray cluster);
+    a single lane means one run after another."""
+    if problems < 2:
+        return [None]
+    if cfg.executor == "ray":
+        return [None] * min(problems, cfg.workers or MAX_RAY_RUNS, MAX_RAY_RUNS)
+    if cfg.device != "cuda":
+        return [None]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = [g for g in visible.split(",") if g.strip()]
+    else:
+        import torch
+
+        gpus = [str(i) for i in range(torch.cuda.device_count())]
+    return gpus if len(gpus) > 1 else [None]
+
+
+def outcome_fields(result: Any) -> dict[str, Any]:
+    """What a model needs from a problem's run: its id, best.py, its speedup over its best baseline and what best.py
+    is (from the head-to-head where one was held, else the judge's verdict)."""
+    h = result.head_to_head
+    speedup, answer = None, ""
+    if h is not None and h.answer:
+        speedup, answer = h.speedup.get(h.best_baseline), h.answer
+    elif result.best_result is not None and "the reference itself" not in result.best_why:
+        answer = "candidate"  # no head-to-head held: the judge's verdict stands
+        speedup = result.best_result.speedup_eager
+    best = result.files.get("best")
+    return {"run_id": result.run_id, "best": str(best) if best else None, "speedup": speedup, "why": result.best_why,
+            "answer": answer}
+
+
+def run_in_lane(path: Path, cfg: Any, db: Path, out_dir: Path, device: str | None) -> dict[str, Any]:
+    """One problem's run in a process of its own that sees the GPU ``device`` only."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": device} if device is not None else dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    config = replace(cfg, workers=1).to_dict()
+    proc = subprocess.run([sys.executable, "-m", "kernelevolve.model.lanes", str(path), str(out_dir), str(db),
+                           json.dumps(config)], capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"run_id": None, "best": None, "speedup": None, "answer": "",
+                "why": f"the run failed (exit {proc.returncode}): {tail[-1][:200] if tail else 'no output'}"}
+    return json.loads(lines[-1])
+
+
+def run_all(jobs: list[tuple[str, Path, Any, Path]], cfg: Any, store: Any, on_stage: Callable[[str], None],
+            labels: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each job (name, problem file, its config, its output folder) run in the lanes; the fields by name.
+    ``labels``: what the progress line calls each job (default: its name)."""
+    from kernelevolve.optimize import optimize
+
+    lanes = lane_devices(cfg, len(jobs))
+    free: list[str | None] = list(lanes)
+    lock = threading.Lock()
+
+    def one(job: tuple[str, Path, Any, Path]) -> tuple[str, dict[str, Any]]:
+        name, path, job_cfg, out = job
+        with lock:
+            device = free.pop(0)
+        try:
+            on_stage(f"{(labels or {}).get(name, name)}: {job_cfg.time_budget_s:.0f} s"
+                     + (f" on GPU {device}" if device is not None else ""))
+            if device is not None:
+                return name, run_in_lane(path, job_cfg, store.path, out, device)
+            own = store if len(lanes) == 1 else type(store)(store.path)  # a connection per thread
+            return name, outcome_fields(optimize(path, job_cfg, own, out))
+        finally:
+            with lock:
+                free.append(device)
+
+    if len(lanes) == 1:
+        return dict(one(job) for job in jobs)
+    with ThreadPoolExecutor(max_workers=len(lanes), thread_name_prefix="kernelevolve-lane") as pool:
+        return dict(pool.map(one, jobs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kernelevolve.optimize import OptimizeConfig, optimize
+    from kernelevolve.store import Store
+
+    path, out, db, config = (argv if argv is not None else sys.argv[1:])[:4]
+    cfg = OptimizeConfig.from_dict(json.loads(config))
+    result = optimize(Path(path), cfg, Store(db), Path(out))
+    print(json.dumps(outcome_fields(result)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
