@@ -26,6 +26,7 @@ def test_a_model_that_cannot_be_captured_says_so(tmp_path: Path, capsys: pytest.
                  "--db", str(tmp_path / "k.db")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_USAGE and len(err) == 1 and "could not be captured" in err[0], err
+    assert "stopped at m.py line" in err[0] and ".item()" in err[0]  # the line of the user's file that stopped it
 
 
 @pytest.mark.slow

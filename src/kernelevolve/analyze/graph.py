@@ -12,6 +12,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from pathlib import Path
+
 import torch
 import torch.fx as fx
 
@@ -22,7 +24,23 @@ aten = torch.ops.aten
 
 
 class CaptureError(Exception):
-    pass
+    """A model that cannot be traced; ``where`` names the line of the model's file the trace stopped at, if known."""
+
+    def __init__(self, message: str, where: str = ""):
+        super().__init__(message)
+        self.where = where
+
+
+def _where(e: BaseException, path: str) -> str:
+    """The last line of ``path`` in the traceback of ``e``: 'file line N: the source line'."""
+    import traceback
+
+    want = Path(path).resolve()
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == want]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{want.name} line {f.lineno}: {(f.line or '').strip()[:120]}"
 
 
 @dataclass
@@ -448,6 +466,7 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_se
         shells = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype) if isinstance(x, torch.Tensor) else x
                   for x in shells]
     errors: list[str] = []
+    where = ""
     inputs: list[Any] | None = None
     for mode in ("fake", "real"):
         if mode == "real" or shells is None:
@@ -457,6 +476,7 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_se
             gm, names = _trace(model, args, mode, origins)
         except Exception as e:  # any tracing failure: try the next mode, report all of them
             errors.append(f"{mode}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            where = _where(e, problem.path) or where
             continue
         if mode == "fake" and _sizes_from_data(gm):
             # a size only the values decide (repeat_interleave's output, a jagged total, nonzero): the real trace
@@ -469,7 +489,7 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_se
         if inputs is None:
             return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state], draw=draw)
         return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state, *inputs])
-    raise CaptureError("; ".join(errors))
+    raise CaptureError("; ".join(errors), where)
 
 
 def dynamic_dims(problem: Problem, seeds: tuple[int, ...] = (1, 2, 3)) -> tuple[dict[int, set[int]], int | None]:

@@ -83,7 +83,8 @@ def plan_model(path: str | Path, device: str, out_dir: Path, budget_s: float = 0
     try:
         graph = capture(problem, origins=True)
     except CaptureError as e:
-        raise ModelError(f"{path}: the model could not be captured as a graph: {str(e)[:300]}") from e
+        at = f" (stopped at {e.where})" if e.where else ""
+        raise ModelError(f"{path}: the model could not be captured as a graph{at}: {str(e)[:300]}") from e
     on_stage("cutting it into regions")
     part = partition(graph, problem, device)
     dynamic, seed = dynamic_dims(problem)
