@@ -280,7 +280,7 @@ def _eager_ms(run: Callable[[], Any], device: str, budget_ms: float = 200.0) -> 
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
+def quiet_stderr() -> Iterator[None]:
     """The profiler's native backend prints start/stop lines straight to fd 2; keep them off the user's terminal."""
     sys.stderr.flush()
     saved = os.dup(2)
@@ -298,7 +298,7 @@ def _top_ops(run: Callable[[], Any], kind: str, iters: int = 3) -> list[dict[str
     activities = [torch.profiler.ProfilerActivity.CPU]
     if kind == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with _quiet_stderr(), torch.profiler.profile(activities=activities) as prof:
+    with quiet_stderr(), torch.profiler.profile(activities=activities) as prof:
         for _ in range(iters):
             run()
         if kind == "cuda":

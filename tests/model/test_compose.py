@@ -14,6 +14,17 @@ from kernelevolve.problem import build_model, import_module_from_path, load_prob
 from tests.model.test_regions import BAGS, BLOCKS
 
 
+def assert_new_matches_model(path: Path, name: str, seed: int, *xs: torch.Tensor) -> object:
+    """The file's ModelNew, given its Model's weights, computes what its Model does on ``xs``; returns the module."""
+    mod = import_module_from_path(path, name)
+    ref = build_model(mod, "Model", seed)
+    new = build_model(mod, "ModelNew", seed)
+    new.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(new(*xs), ref(*xs))
+    return mod
+
+
 def _template_kernel(path: Path) -> str | None:
     """The region problem's default template candidate, or None where no family claims it."""
     from kernelevolve.propose.template import TemplateProposer
@@ -83,13 +94,7 @@ def test_other_shapes_take_the_models_own_forward(tmp_path: Path) -> None:
     text, _ = _check(tmp_path, BLOCKS, "reference")
     out = tmp_path / "again.py"
     out.write_text(text)
-    mod = import_module_from_path(out, "_compose_again")
-    ref = build_model(mod, "Model", 1)
-    new = build_model(mod, "ModelNew", 1)
-    new.load_state_dict(ref.state_dict())
-    x = torch.randn(5, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(new(x), ref(x))
+    assert_new_matches_model(out, "_compose_again", 1, torch.randn(5, 32))
 
 
 def test_the_compile_host_keeps_the_kernels_opaque_and_computes_the_model(tmp_path: Path) -> None:

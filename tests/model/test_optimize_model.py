@@ -137,13 +137,9 @@ def test_a_model_run_is_a_run_to_show_approve_and_export(tmp_path: Path, monkeyp
     assert "not approved" in capsys.readouterr().err
     assert main(["approve", str(run.id), "--note", "checked", *db]) == 0
     assert main(["export", str(run.id), "--out", str(out), "--device", "cpu", *db]) == 0
-    mod = import_module_from_path(out, "_om_export")
-    ref = build_model(mod, "Model", 0)
-    new = build_model(mod, "ModelNew", 0)
-    new.load_state_dict(ref.state_dict())
-    x = torch.randn(64, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(new(x), ref(x))
+    from tests.model.test_compose import assert_new_matches_model
+
+    mod = assert_new_matches_model(out, "_om_export", 0, torch.randn(64, 32))
     assert mod.KERNELEVOLVE_EXPORT["run"] == run.id and mod.KERNELEVOLVE_EXPORT["proposer"] == "compose"
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from kernelevolve.model.plan import ModelError, optimize_regions, plan_model
 from kernelevolve.problem import load_problem
@@ -88,3 +89,62 @@ def test_problems_run_in_parallel_lanes_each_a_run_of_its_own(tmp_path: Path,
     runs = {r.id for r in Store(tmp_path / "runs.db").runs()}
     assert {o.run_id for o in ran} <= runs
     assert any(" on GPU " in s for s in stages)
+
+
+TABLES = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, rows, dim):
+        super().__init__()
+        self.a = nn.EmbeddingBag(rows, dim, mode="sum")
+        self.b = nn.EmbeddingBag(rows, dim, mode="sum")
+        self.c = nn.EmbeddingBag(rows * 2, dim, mode="sum")
+
+    def forward(self, ia, oa, ib, ob, ic, oc):
+        return torch.cat([self.a(ia, oa), self.b(ib, ob), self.c(ic, oc)], dim=1)
+
+
+def _bags():
+    lengths = torch.randint(0, 5, (16,))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    return [torch.randint(0, 100, (int(lengths.sum()),)), offsets]
+
+
+def get_inputs():
+    return _bags() + _bags() + _bags()
+
+
+def get_init_inputs():
+    return [100, 8]
+'''
+
+
+def test_tables_alike_but_for_their_jagged_totals_are_one_problem(tmp_path: Path) -> None:
+    """Each table gets its own number of ids in a draw: the sizes that change by draw do not split a problem, the
+    tables' own sizes do."""
+    from kernelevolve.model.compose import Chosen, compose
+    from kernelevolve.problem import build_model, import_module_from_path
+
+    path = tmp_path / "tables.py"
+    path.write_text(TABLES)
+    plan = plan_model(path, "cpu", tmp_path / "out")
+    segments = sorted(len(g.regions) for g in plan.groups if g.kind == "segment")
+    assert segments == [1, 2], [(g.name, g.kind, len(g.regions)) for g in plan.groups]
+    # the shared problem's kernel, at both tables, computes each with its own ids on fresh draws
+    chosen = [Chosen(g.name, g.regions, g.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n", "own")
+              for g in plan.groups if g.kind == "segment"]
+    text, skipped = compose(TABLES, plan.graph, chosen, "tables", plan.dynamic, plan.alt)
+    assert not skipped
+    (tmp_path / "best.py").write_text(text)
+    ref_mod, new_mod = import_module_from_path(path, "_tables_ref"), import_module_from_path(tmp_path / "best.py",
+                                                                                              "_tables_new")
+    ref, new = build_model(ref_mod, "Model", 1), build_model(new_mod, "ModelNew", 1)
+    new.load_state_dict(ref.state_dict())
+    for seed in (4, 5):
+        torch.manual_seed(seed)
+        xs = ref_mod.get_inputs()
+        with torch.no_grad():
+            torch.testing.assert_close(new(*xs), ref(*xs))

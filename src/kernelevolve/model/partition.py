@@ -74,6 +74,14 @@ class Partition:
 def signature(graph: CapturedGraph, nodes: list[fx.Node], inputs: list[fx.Node]) -> str:
     """The same ops in the same order on the same shapes, dtypes and constants: one problem. Names of nodes and
     where the inputs come from do not count; whether an input is the model's state (a weight) does."""
+    return _digest(_sig_parts(graph, nodes, inputs))
+
+
+def _digest(parts: list[Any]) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _sig_parts(graph: CapturedGraph, nodes: list[fx.Node], inputs: list[fx.Node]) -> list[Any]:
     state = set(graph.placeholders()[:len(graph.state_names)])
     local = {n: f"i{k}" for k, n in enumerate(inputs)}
     local.update({n: f"n{k}" for k, n in enumerate(nodes)})
@@ -85,11 +93,45 @@ def signature(graph: CapturedGraph, nodes: list[fx.Node], inputs: list[fx.Node])
             return [arg(x) for x in a]
         return repr(a)
 
-    parts = [f"in:{'w' if n in state else 'x'}{shape(n)}{dtype(n)}" for n in inputs]
+    parts: list[Any] = [["in", "w" if n in state else "x", list(shape(n) or ()), str(dtype(n))] for n in inputs]
     for n in nodes:
-        parts.append(f"{n.target}|{arg(list(n.args))}|{ {k: arg(v) for k, v in n.kwargs.items()} }|"
-                     f"{shape(n)}{dtype(n)}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+        parts.append([str(n.target), arg(list(n.args)), {k: arg(v) for k, v in n.kwargs.items()},
+                      list(shape(n) or ()), str(dtype(n))])
+    return parts
+
+
+def _wild(a: Any, b: Any) -> Any:
+    """``a`` with what differs from ``b`` as '*': lists element by element where their lengths agree."""
+    if a == b:
+        return a
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [_wild(x, y) for x, y in zip(a, b)]
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return {k: _wild(a[k], b[k]) for k in a}
+    return "*"
+
+
+def resign(part: "Partition", alt_graph: CapturedGraph, alt_regions: list[Region]) -> int:
+    """Signatures in which the sizes that change from draw to draw (a jagged total, a bag count) count as any size,
+    from a second draw's graph and regions: regions that differ only there become one problem (ten embedding tables
+    of one size, each fed its own number of ids). Only where the ops' arguments are the same in both draws: a region
+    whose ops hold a size of the draw keeps its own signature. Returns how many regions changed signature; none
+    where the second draw was not cut alike."""
+    by_index = {r.index: r for r in alt_regions}
+    if len(by_index) != len(part.regions):
+        return 0
+    changed = 0
+    for r in part.regions:
+        o = by_index.get(r.index)
+        if o is None or o.kind != r.kind or len(o.nodes) != len(r.nodes) or len(o.inputs) != len(r.inputs):
+            return changed
+        mine, theirs = _sig_parts(part.graph, r.nodes, r.inputs), _sig_parts(alt_graph, o.nodes, o.inputs)
+        # only the shapes may differ: an op whose arguments hold a size of the draw computes that draw alone
+        if mine == theirs or any(a[:3] != b[:3] for a, b in zip(mine[len(r.inputs):], theirs[len(r.inputs):])):
+            continue
+        r.signature = _digest(_wild(mine, theirs))
+        changed += 1
+    return changed
 
 
 def _computes(nodes: list[fx.Node]) -> bool:

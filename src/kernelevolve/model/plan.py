@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from kernelevolve.analyze.graph import CaptureError, CapturedGraph, capture, dynamic_dims
 from kernelevolve.model.budget import MIN_SHARE, Claim, Share, allocate
-from kernelevolve.model.partition import Partition, Region, partition
+from kernelevolve.model.partition import Partition, Region, partition, resign
 from kernelevolve.model.profile import OpTimes, attribute, hot_regions, op_times
 from kernelevolve.model.regionfile import write_region
 from kernelevolve.problem import Problem, ProblemError, load_problem
@@ -93,6 +93,7 @@ def plan_model(path: str | Path, device: str, out_dir: Path, budget_s: float = 0
         try:
             alt_graph = capture(problem, input_seed=seed, origins=True)
             alt = (alt_graph, partition(alt_graph, problem, device).regions)
+            resign(part, *alt)
         except CaptureError as e:
             log.info("a second draw could not be captured: %s", e)
     on_stage(f"profiling {len(graph.calls())} ops on {device}")

@@ -7,9 +7,7 @@ first warm the allocator and the libraries up; the median over the measured runs
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -74,31 +72,19 @@ def op_times(graph: CapturedGraph, device: str = "cpu", runs: int = 5, warmup: i
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """The process's stderr closed for a moment: some builds' profilers print a line to it at every start and stop."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-@contextlib.contextmanager
 def _profiled(activities: list[Any]) -> Iterator[Any]:
     """A profiler over the block, started and stopped quietly (the block itself keeps its stderr)."""
     from torch.profiler import profile
 
+    from kernelevolve.profile import quiet_stderr
+
     prof = profile(activities=activities)
-    with _quiet_stderr():
+    with quiet_stderr():
         prof.start()
     try:
         yield prof
     finally:
-        with _quiet_stderr():
+        with quiet_stderr():
             prof.stop()
 
 
