@@ -134,6 +134,8 @@ def cmd_optimize_model(args: argparse.Namespace) -> int:
         console.print(f"{r.name}: {what}", markup=False, soft_wrap=True)
     for line in outcome.dropped:
         console.print(f"dropped {line}", markup=False)
+    for line in outcome.notes:
+        console.print(f"note: {line}", markup=False, soft_wrap=True)
     if outcome.waterfall:
         from kernelevolve.model.report import waterfall_lines
 

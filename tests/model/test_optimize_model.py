@@ -180,3 +180,47 @@ def test_both_hosts_are_judged_and_the_faster_kept(tmp_path: Path, monkeypatch: 
     assert outcome.best_model.read_text().endswith(kept.source) and "host" in outcome.why
     with pytest.raises(ValueError, match="unknown host"):
         run_mod.optimize_model(path, config, store, tmp_path / "o2", budget_s=60.0, hosts=("jit",))
+
+
+def test_a_model_that_cannot_be_captured_is_optimized_by_its_parts(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """.item() in the model's forward stops the whole trace; its blocks (three alike: one part) and its head trace on
+    their own, each runs as a model of its own, and best_model.py runs their kernels inside the model's own code."""
+    import torch
+
+    from tests.model.test_compose import assert_new_matches_model
+
+    _own_code_as_kernels(monkeypatch)
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS.replace("return torch.sigmoid(self.head(x))",
+                                   "return torch.sigmoid(self.head(x)) * float(x.sum().item() > -1e9)"))
+    config = OptimizeConfig(device="cpu", timing_budget_ms=50.0, counters=False, head_to_head=False)
+    store = Store(tmp_path / "runs.db")
+    outcome = run_mod.optimize_model(path, config, store, tmp_path / "out", budget_s=60.0, min_share=0.0)
+    assert outcome.plan is None and outcome.status == "ok", (outcome.why, outcome.dropped, outcome.notes)
+    assert [(r["name"], len(r["paths"])) for r in outcome.parts] == [("p_blocks_0", 3), ("p_head", 1)] or \
+        sorted((r["name"], len(r["paths"])) for r in outcome.parts) == [("p_blocks_0", 3), ("p_head", 1)]
+    assert "p_blocks_0" in outcome.kept and "parts' kernels" in outcome.why
+    assert any("stopped at blocks.py line" in n for n in outcome.notes)
+    # each part is a model run of its own, with its own report
+    assert all(r["run_id"] is not None and Path(r["report"]).exists() for r in outcome.parts)
+    # standalone, computes the model, and runs the parts' region kernels
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "best_model.py").write_text(outcome.best_model.read_text())
+    mod = assert_new_matches_model(alone / "best_model.py", "_parts_best", 0, torch.randn(64, 32))
+    assert "_kernelevolve_bind_parts" in outcome.best_model.read_text()
+    names = [s.name for s in outcome.waterfall]
+    assert names[:-2] == outcome.kept and outcome.waterfall[-1].after_ms is not None, outcome.notes
+    assert store.nodes(outcome.run_id)[0].proposer == "compose"
+    new = build_model(mod, "ModelNew", 0)
+    x = torch.randn(64, 32)
+    with torch.no_grad():
+        new(x)  # the first call binds the parts to their instances
+        calls = []
+        for block in new.blocks:  # each instance's forward is its part's composition: count its region kernels
+            scope = block.__dict__["forward"].__func__.__globals__
+            real = scope["_kernelevolve_call"]
+            scope["_kernelevolve_call"] = lambda *a, real=real: calls.append(1) or real(*a)
+        new(x)
+    assert len(calls) >= 3

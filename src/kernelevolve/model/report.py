@@ -42,6 +42,8 @@ def waterfall(outcome: "ModelOutcome") -> tuple[list[Step], str]:
     from kernelevolve.model.profile import WHOLE, composed_times
 
     plan = outcome.plan
+    if plan is None:
+        return _parts_waterfall(outcome)
     kept = [g for g in plan.groups if g.name in outcome.kept]
     region_of = {f"_ke_{r.name}": g.name for g in kept for r in g.regions}
     before, after, note = {}, {}, ""
@@ -71,6 +73,40 @@ def waterfall(outcome: "ModelOutcome") -> tuple[list[Step], str]:
     rows.append(Step(REST, f"{len(plan.groups) - len(kept)} problems left to the model's own ops, and the glue",
                      before_total - sum(s.before_ms for s in rows), rest_after))
     rows.append(Step(WHOLE_ROW, plan.times.device, before_total, after_total))
+    return rows, note
+
+
+def _parts_waterfall(outcome: "ModelOutcome") -> tuple[list[Step], str]:
+    """By parts: the model and best_model.py's ModelNew timed alike, each kept part's instances in ranges of their
+    own (hooks on the module paths), the rest of the model the whole less them."""
+    from kernelevolve.model.parts import part_times
+    from kernelevolve.model.profile import WHOLE
+    from kernelevolve.problem import build_model, import_module_from_path, make_inputs
+
+    kept = [r for r in outcome.parts if r["name"] in outcome.kept]
+    paths = [p for r in kept for p in r["paths"]]
+    before: dict[str, float] = {}
+    after: dict[str, float] = {}
+    note = ""
+    if outcome.best_model is not None:
+        try:
+            module = import_module_from_path(outcome.best_model, f"_kernelevolve_parts_report_{id(outcome)}")
+            inputs = make_inputs(module, 0, device=outcome.device)
+            before = part_times(build_model(module, "Model", 0).to(outcome.device), inputs, paths, outcome.device)
+            if kept:
+                after = part_times(build_model(module, "ModelNew", 0).to(outcome.device), inputs, paths,
+                                   outcome.device)
+        except Exception as e:  # a report without its measured columns, never a failed run
+            note = f"the model could not be profiled part by part: {type(e).__name__}: {str(e)[:200]}"
+            before, after = {}, {}
+    rows = [Step(r["name"], ", ".join(r["paths"])[:80], sum(before.get(p, 0.0) for p in r["paths"]) if before
+                 else r["ms"], sum(after.get(p, 0.0) for p in r["paths"]) if after else None) for r in kept]
+    before_total = before.get(WHOLE, sum(r["ms"] for r in outcome.parts))
+    after_total = after.get(WHOLE) if after else None
+    rows.append(Step(REST, "the parts left to the model's own code, and the code between the parts",
+                     before_total - sum(s.before_ms for s in rows),
+                     None if after_total is None else after_total - sum(s.after_ms or 0.0 for s in rows)))
+    rows.append(Step(WHOLE_ROW, outcome.device, before_total, after_total))
     return rows, note
 
 
@@ -120,6 +156,8 @@ def render(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
     from kernelevolve.report import CSS
 
     plan = outcome.plan
+    if plan is None:
+        return _render_parts(outcome, steps, note)
     h = outcome.head_to_head
     ends = ", ".join(f"{v:.2f}x vs {k}" for k, v in h.speedup.items()) if h is not None and h.answer else \
         "not timed head to head"
@@ -155,10 +193,37 @@ def render(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
             f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
 
 
+def _render_parts(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
+    from kernelevolve.report import CSS
+
+    h = outcome.head_to_head
+    ends = ", ".join(f"{v:.2f}x vs {k}" for k, v in h.speedup.items()) if h is not None and h.answer else \
+        "not timed head to head"
+    rows = [[r["name"], ", ".join(r["paths"])[:120], r["class"], f"{r['ms']:.4f}", f"{r['share']:.1%}",
+             r.get("run_id") if r.get("run_id") is not None else "—",
+             f"{r['speedup']:.2f}x" if r.get("speedup") else "—",
+             "kept" if r["name"] in outcome.kept else r.get("why", "")] for r in outcome.parts]
+    body = [f"<h1>{_e(outcome.out_dir.name if outcome.out_dir else 'model')}: the whole model, by its parts</h1>",
+            f'<p class="meta">device {_e(outcome.device)} · model run {_e(outcome.run_id)}</p>',
+            f"<p><b>best_model.py</b>: {_e(outcome.why)}</p><p><b>end to end</b>: {_e(ends)}</p>",
+            "<h2>Time by part, before and after</h2>", _svg(steps),
+            _table(["", "where", "before ms", "after ms", "saved ms"],
+                   [[s.name, s.where, f"{s.before_ms:.4f}", "—" if s.after_ms is None else f"{s.after_ms:.4f}",
+                     "—" if s.saved_ms is None else f"{s.saved_ms:+.4f}"] for s in steps]),
+            f"<p class=meta>{_e(note)}</p>" if note else "",
+            "<h2>Parts</h2><p>Each part's own report is in its folder.</p>",
+            _table(["part", "instances", "class", "ms", "share", "run", "speedup", "in best_model.py"], rows)]
+    for title, items in (("Dropped from the composition", outcome.dropped), ("Notes", outcome.notes)):
+        if items:
+            body.append(f"<h2>{title}</h2><ul>" + "".join(f"<li>{_e(d)}</li>" for d in items) + "</ul>")
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>model report</title><style>{CSS}</style>"
+            f"</head><body>{''.join(body)}</body></html>")
+
+
 def write_model_report(outcome: "ModelOutcome") -> tuple[Path, list[Step], str]:
     """model_report.html in the run's folder; the waterfall's rows go into model_report.json too."""
     steps, note = waterfall(outcome)
-    path = outcome.plan.out_dir / "model_report.html"
+    path = outcome.out_dir / "model_report.html"
     path.write_text(render(outcome, steps, note), encoding="utf-8")
     return path, steps, note
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.headtohead import CANDIDATE, HeadToHead, LABELS
 from kernelevolve.model.compose import HOSTS, Chosen, compose
-from kernelevolve.model.plan import MIN_SHARE, ModelPlan, RegionOutcome, optimize_regions, plan_model
+from kernelevolve.model.plan import MIN_SHARE, ModelError, ModelPlan, RegionOutcome, optimize_regions, plan_model
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,8 @@ MODEL_RIVALS = ("eager", "compiled", "max_autotune")
 
 @dataclass
 class ModelOutcome:
-    plan: ModelPlan
-    regions: list[RegionOutcome]
+    plan: ModelPlan | None  # None where the model was optimized by its parts (parts.py)
+    regions: list[RegionOutcome]  # each problem's answer; by parts, each part's
     kept: list[str]  # the problems whose kernels are in best_model.py
     dropped: list[str] = field(default_factory=list)  # one line each: a kernel that left the composition, and why
     status: str = ""  # the composition's verdict (the last one judged)
@@ -41,10 +41,13 @@ class ModelOutcome:
     waterfall: list[Any] = field(default_factory=list)  # report.Step rows: time by region, before and after
     report: Path | None = None  # model_report.html
     notes: list[str] = field(default_factory=list)
+    out_dir: Path | None = None
+    device: str = "cpu"
+    parts: list[dict[str, Any]] = field(default_factory=list)  # by parts: each part's paths, time and answer
 
     def to_dict(self) -> dict[str, Any]:
         h = self.head_to_head
-        return {"run_id": self.run_id, "plan": self.plan.to_dict(), "regions": [r.__dict__ | {"best": str(r.best) if r.best else None}
+        return {"run_id": self.run_id, "plan": self.plan.to_dict() if self.plan else None, "parts": self.parts, "regions": [r.__dict__ | {"best": str(r.best) if r.best else None}
                                                          for r in self.regions],
                 "kept": self.kept, "dropped": self.dropped, "status": self.status,
                 "head_to_head": h.to_dict() if h is not None else None,
@@ -81,25 +84,29 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
                    hosts: tuple[str, ...] | None = None) -> ModelOutcome:
     """Plan, optimize, compose and judge ``path``'s model; best_model.py and model_report.json go into ``out_dir``
     beside the problem files. ``hosts``: the compositions judged each round (compose.HOSTS; by default both on a
-    GPU, eager on the CPU), the faster verified one going on to the head-to-head. Raises ProblemError for a bad
-    file, ModelError for a model that cannot be captured."""
-    from kernelevolve.evaluate import Status
+    GPU, eager on the CPU), the faster verified one going on to the head-to-head. A model that cannot be captured
+    as one graph is optimized by its parts that can (parts.py). Raises ProblemError for a bad file, ModelError for
+    a model of which no part can be captured."""
     from kernelevolve.optimize import make_evaluator
-    from kernelevolve.report import reference_candidate
 
     hosts = hosts or default_hosts(cfg.device)
     unknown = [h for h in hosts if h not in HOSTS]
     if unknown:
         raise ValueError(f"unknown host {', '.join(unknown)}: one of {', '.join(HOSTS)}")
-    plan = plan_model(path, cfg.device, out_dir, budget_s, min_share, on_stage)
+    try:
+        plan = plan_model(path, cfg.device, out_dir, budget_s, min_share, on_stage)
+    except ModelError as e:  # not one graph: by its parts that are, where there are some
+        from kernelevolve.model.parts import optimize_parts
+
+        return optimize_parts(path, cfg, store, out_dir, budget_s, min_share, rivals, on_stage, hosts, e)
     on_plan(plan)
     outcomes = optimize_regions(plan, cfg, store, on_stage)
     chosen = _chosen(plan, outcomes)
     source = plan.problem.source
     evaluator = make_evaluator(plan.problem, replace(cfg, timeout_s=max(cfg.timeout_s, 600.0)),
                                out_dir / ".work" / "model")
-    result = ModelOutcome(plan, outcomes, [c.name for c in chosen])
-    record = _Record(store, plan, cfg, outcomes)
+    result = ModelOutcome(plan, outcomes, [c.name for c in chosen], out_dir=out_dir, device=cfg.device)
+    record = _Record(store, plan.problem, out_dir, cfg, {o.name: o.run_id for o in outcomes})
     result.run_id = record.run_id
     doc = f"kernelevolve: {Path(plan.problem.path).name} with its regions' kernels"
     try:
@@ -131,9 +138,15 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     except BaseException:
         store.update_run(record.run_id, status="interrupted", stop_reason="stopped while the model was judged")
         raise
+    return fallback(result, source, record, "no region kernel made the whole model faster")
+
+
+def fallback(result: ModelOutcome, source: str, record: "_Record", why: str) -> ModelOutcome:
+    """best_model.py as the best baseline's kernel of the whole model (the model itself where eager is)."""
+    from kernelevolve.report import reference_candidate
+
     h = result.head_to_head
     side = h.best_baseline if h is not None and h.answer and h.answer != CANDIDATE else "eager"
-    why = "no region kernel made the whole model faster"
     if side == "eager":
         text = reference_candidate(source, why)
     else:
@@ -187,13 +200,12 @@ class _Record:
     """The model's own run in the store, so that show, report, approve and export read it as any run: the
     problem is the model, each composition judged a node (proposer ``compose``), the head-to-head the run's."""
 
-    def __init__(self, store: Any, plan: ModelPlan, cfg: Any, outcomes: list[RegionOutcome]):
+    def __init__(self, store: Any, problem: Any, out_dir: Path, cfg: Any, runs: dict[str, int | None]):
         from kernelevolve.machine import device_key, versions
 
-        self.store, self.plan, self.key = store, plan, device_key(cfg.device)
-        regions = {o.name: o.run_id for o in outcomes}
-        config = cfg.to_dict() | {"model": {"plan": str(plan.out_dir / "model_plan.json"), "regions": regions}}
-        self.run_id = store.create_run(plan.problem, cfg.device, self.key, config, versions())
+        self.store, self.problem, self.key = store, problem, device_key(cfg.device)
+        config = cfg.to_dict() | {"model": {"report": str(out_dir / "model_report.json"), "regions": runs}}
+        self.run_id = store.create_run(problem, cfg.device, self.key, config, versions())
         self.phases: dict[str, float] = {}
 
     def baseline(self, evaluator: Any) -> Any:
@@ -204,7 +216,7 @@ class _Record:
         return baseline
 
     def node(self, candidate: Candidate, verdict: Any, baseline: Any) -> None:
-        node = self.store.add_node(self.run_id, self.plan.problem.sha, self.key, candidate)
+        node = self.store.add_node(self.run_id, self.problem.sha, self.key, candidate)
         self.store.save_result(node.id, verdict.with_baseline(baseline) if baseline is not None else verdict)
 
     def finish(self, result: "ModelOutcome") -> None:
@@ -220,7 +232,7 @@ class _Record:
 def _finish(result: ModelOutcome, text: str, chosen: list[Chosen], skipped: list[str],
             record: _Record) -> ModelOutcome:
     record.finish(result)
-    out = result.plan.out_dir
+    out = result.out_dir
     result.kept = [c.name for c in chosen]
     result.dropped += skipped
     header = f"# {result.why}\n# kept: {', '.join(result.kept) or 'none'}\n"
