@@ -224,3 +224,32 @@ def test_a_model_that_cannot_be_captured_is_optimized_by_its_parts(tmp_path: Pat
             scope["_kernelevolve_call"] = lambda *a, real=real: calls.append(1) or real(*a)
         new(x)
     assert len(calls) >= 3
+
+
+def test_a_live_model_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernelevolve.optimize_model(model, inputs): the live model saved beside a problem file whose inputs are
+    fresh draws, the run as for a file, and its answer applied to the live model, sharing its tensors."""
+    import torch
+
+    import kernelevolve
+    from tests.model.live_blocks import Blocks
+
+    _own_code_as_kernels(monkeypatch)
+    torch.manual_seed(3)
+    live = Blocks()
+    outcome = kernelevolve.optimize_model(live, [torch.randn(64, 32)], out=tmp_path / "out",
+                                          db=tmp_path / "runs.db", device="cpu", time_budget_s=60.0, min_share=0.0,
+                                          timing_budget_ms=50.0, counters=False, head_to_head=False)
+    assert outcome.status == "ok" and outcome.kept, (outcome.why, outcome.dropped)
+    problem = import_module_from_path(next((tmp_path / "out" / "input").glob("*.py")), "_live_problem")
+    a, b = problem.get_inputs(), problem.get_inputs()
+    assert a[0].shape == (64, 32) and not torch.equal(a[0], b[0])  # fresh draws
+    fast = outcome.apply(live)
+    assert fast.model is live and {p.data_ptr() for p in fast.parameters()} == {p.data_ptr() for p in live.parameters()}
+    x = torch.randn(64, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), live(x))
+        live.head.bias.add_(1.0)  # the live model's weights, not a copy
+        torch.testing.assert_close(fast(x), live(x))
+    with pytest.raises(ValueError, match="torch.save"):
+        kernelevolve.optimize_model(live, lambda: [torch.randn(64, 32)], out=tmp_path / "o2", device="cpu")

@@ -45,6 +45,15 @@ class ModelOutcome:
     device: str = "cpu"
     parts: list[dict[str, Any]] = field(default_factory=list)  # by parts: each part's paths, time and answer
 
+    def apply(self, model: Any) -> Any:
+        """For a live model's run (``kernelevolve.optimize_model(model, inputs)``): best_model.py around ``model``,
+        sharing its parameters and buffers."""
+        from kernelevolve.model.live import apply
+
+        if self.best_model is None:
+            raise ValueError("the run wrote no best_model.py")
+        return apply(self.best_model, model)
+
     def to_dict(self) -> dict[str, Any]:
         h = self.head_to_head
         return {"run_id": self.run_id, "plan": self.plan.to_dict() if self.plan else None, "parts": self.parts, "regions": [r.__dict__ | {"best": str(r.best) if r.best else None}
