@@ -149,7 +149,9 @@ def test_the_reference_as_its_own_candidate_reads_one_on_the_cpu(tmp_path: Path,
     r = ev.evaluate(as_candidate(source))
     assert r.status is Status.OK and r.timed, (r.reason, r.error)
     r = r.with_baseline(ev.baseline(compiled=False))
-    assert 0.7 < r.speedup_eager < 1 / 0.7, (r.runtime_ms, r.speedup_eager)
+    # the smallest call is mostly Python, and read 0.69x once with a second test run sharing the two cores
+    low = 0.6 if rows * cols < 1 << 13 else 0.7
+    assert low < r.speedup_eager < 1 / low, (r.runtime_ms, r.speedup_eager)
 
 
 def test_the_reference_in_a_head_to_head_is_not_faster_than_itself(tmp_path: Path) -> None:
