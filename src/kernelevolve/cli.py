@@ -120,7 +120,7 @@ def cmd_optimize_model(args: argparse.Namespace) -> int:
         try:
             outcome = optimize_model(args.problem, cfg, Store(args.db), Path(args.out), budget, args.min_share,
                                      on_stage=on_stage, on_plan=lambda plan: _print_model_plan(console, plan),
-                                     hosts=hosts)
+                                     hosts=hosts, resume=args.resume)
         except ModelError as e:
             raise UsageError(str(e)) from e
     for r in outcome.regions:
@@ -843,6 +843,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: kernelevolve-model)")
     m.add_argument("--min-share", type=float, default=MIN_SHARE,
                    help=f"regions under this share of the model's time are left alone (default {MIN_SHARE})")
+    m.add_argument("--resume", action="store_true",
+                   help="run the same command again and go on: problems whose runs finished in --db keep their "
+                        "answers, stopped ones resume; the whole is composed and judged again")
     m.add_argument("--hosts", default=None, metavar="HOST[,HOST]",
                    help="how best_model.py runs the kernels: eager (the generated forward as it stands), compile "
                         "(under torch.compile, each kernel an opaque custom op), or both, each judged and the faster "
@@ -982,6 +985,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kernelevolve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
+        if getattr(args, "func", None) is cmd_optimize_model:
+            _exit_interrupted("every finished evaluation is stored: run the same command with --resume to go on")
         _exit_interrupted("every finished evaluation is stored: resume with --resume latest")
 
 

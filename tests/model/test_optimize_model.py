@@ -284,3 +284,25 @@ def test_the_whole_pipeline_on_the_cpu(tmp_path: Path) -> None:
         want = live(x)
         assert kernelevolve.patch(live, run=tmp_path / "out") == [""]
         torch.testing.assert_close(live(x), want)
+
+
+@pytest.mark.slow
+def test_a_model_run_resumes(tmp_path: Path) -> None:
+    """The same command again with --resume: problems whose runs finished keep their answers (no new run), one whose
+    run stopped goes on in that run."""
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    store = Store(tmp_path / "runs.db")
+    config = OptimizeConfig(device="cpu", timing_budget_ms=50.0, counters=False, max_evals=1, head_to_head=False)
+    first = run_mod.optimize_model(path, config, store, tmp_path / "out", budget_s=60.0, min_share=0.3)
+    ran = {r.name: r.run_id for r in first.regions if r.run_id is not None}
+    assert ran
+    stopped = next(iter(ran.values()))
+    store.update_run(stopped, status="interrupted")
+    stages: list[str] = []
+    again = run_mod.optimize_model(path, config, store, tmp_path / "out", budget_s=60.0, min_share=0.3,
+                                   on_stage=stages.append, resume=True)
+    assert {r.name: r.run_id for r in again.regions if r.run_id is not None} == ran  # the same runs, no new ones
+    assert sum("finished earlier" in s for s in stages) == len(ran) - 1
+    assert any(f"run {stopped} resumed" in s for s in stages)
+    assert store.run(stopped).status == "finished"

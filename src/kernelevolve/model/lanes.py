@@ -6,7 +6,7 @@ GPU, so runs on different GPUs do not disturb each other's clocks. With ``--exec
 cluster (Ray places each evaluation on a GPU), several at once from this process. Everywhere else, and for a single
 problem, they run one after the other. Each run is a run in the store, as ``optimize`` writes it.
 
-    python -m kernelevolve.model.lanes PROBLEM.py OUT_DIR DB CONFIG_JSON   # one lane's run; prints a JSON line
+    python -m kernelevolve.model.lanes PROBLEM.py OUT_DIR DB CONFIG_JSON [RUN]   # one lane's run; prints a JSON line
 """
 from __future__ import annotations
 
@@ -57,14 +57,44 @@ def outcome_fields(result: Any) -> dict[str, Any]:
             "answer": answer}
 
 
-def run_in_lane(path: Path, cfg: Any, db: Path, out_dir: Path, device: str | None) -> dict[str, Any]:
+def earlier_run(store: Any, path: Path, device: str) -> Any:
+    """The latest run in the store of this very problem file (its hash) on ``device``, or None."""
+    from kernelevolve.problem import load_problem
+
+    sha = load_problem(path, "cpu").sha
+    runs = [r for r in store.runs() if r.problem_sha == sha and r.device == device]
+    return max(runs, key=lambda r: r.id) if runs else None
+
+
+def finished_fields(store: Any, run_id: int, out_dir: Path) -> dict[str, Any]:
+    """outcome_fields of a run that finished earlier, from the store (its best.py written again)."""
+    from kernelevolve.report import write_outputs
+    from kernelevolve.search import best_node
+
+    run = store.run(run_id)
+    files, why = write_outputs(store, run_id, out_dir)
+    h = run.head_to_head
+    speedup, answer = None, ""
+    if h is not None and h.answer:
+        speedup, answer = h.speedup.get(h.best_baseline), h.answer
+    elif "the reference itself" not in why:
+        node, _ = best_node(store.nodes(run_id))
+        if node is not None and node.result is not None:
+            answer = "candidate"
+            result = node.result.with_baseline(run.baseline) if run.baseline is not None else node.result
+            speedup = result.speedup_eager
+    return {"run_id": run_id, "best": str(files["best"]), "speedup": speedup, "why": why, "answer": answer}
+
+
+def run_in_lane(path: Path, cfg: Any, db: Path, out_dir: Path, device: str | None,
+                resume: int | None = None) -> dict[str, Any]:
     """One problem's run in a process of its own that sees the GPU ``device`` only."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": device} if device is not None else dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     config = replace(cfg, workers=1).to_dict()
     proc = subprocess.run([sys.executable, "-m", "kernelevolve.model.lanes", str(path), str(out_dir), str(db),
-                           json.dumps(config)], capture_output=True, text=True, env=env)
+                           json.dumps(config), str(resume or "")], capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()
@@ -74,43 +104,60 @@ def run_in_lane(path: Path, cfg: Any, db: Path, out_dir: Path, device: str | Non
 
 
 def run_all(jobs: list[tuple[str, Path, Any, Path]], cfg: Any, store: Any, on_stage: Callable[[str], None],
-            labels: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+            labels: dict[str, str] | None = None, resume: bool = False) -> dict[str, dict[str, Any]]:
     """Each job (name, problem file, its config, its output folder) run in the lanes; the fields by name.
-    ``labels``: what the progress line calls each job (default: its name)."""
+    ``labels``: what the progress line calls each job (default: its name). With ``resume``, a problem whose run
+    finished earlier (the same file, in the same store) keeps that run's answer, and one whose run stopped goes on
+    from where it stopped."""
     from kernelevolve.optimize import optimize
 
     lanes = lane_devices(cfg, len(jobs))
     free: list[str | None] = list(lanes)
     lock = threading.Lock()
 
+    earlier: dict[str, Any] = {}
+    if resume:
+        for name, path, _, out in jobs:
+            run = earlier_run(store, path, cfg.device)
+            if run is not None and run.status == "finished":
+                on_stage(f"{(labels or {}).get(name, name)}: run {run.id} finished earlier, its answer kept")
+                earlier[name] = finished_fields(store, run.id, out)
+            elif run is not None:
+                earlier[name] = run.id
+    done = {k: v for k, v in earlier.items() if isinstance(v, dict)}
+    jobs = [j for j in jobs if j[0] not in done]
+
     def one(job: tuple[str, Path, Any, Path]) -> tuple[str, dict[str, Any]]:
         name, path, job_cfg, out = job
+        again = earlier.get(name)
         with lock:
             device = free.pop(0)
         try:
             on_stage(f"{(labels or {}).get(name, name)}: {job_cfg.time_budget_s:.0f} s"
-                     + (f" on GPU {device}" if device is not None else ""))
+                     + (f" on GPU {device}" if device is not None else "") + (f", run {again} resumed" if again else ""))
             if device is not None:
-                return name, run_in_lane(path, job_cfg, store.path, out, device)
+                return name, run_in_lane(path, job_cfg, store.path, out, device, again)
             own = store if len(lanes) == 1 else type(store)(store.path)  # a connection per thread
-            return name, outcome_fields(optimize(path, job_cfg, own, out))
+            return name, outcome_fields(optimize(path, job_cfg, own, out, resume=again))
         finally:
             with lock:
                 free.append(device)
 
     if len(lanes) == 1:
-        return dict(one(job) for job in jobs)
+        return done | dict(one(job) for job in jobs)
     with ThreadPoolExecutor(max_workers=len(lanes), thread_name_prefix="kernelevolve-lane") as pool:
-        return dict(pool.map(one, jobs))
+        return done | dict(pool.map(one, jobs))
 
 
 def main(argv: list[str] | None = None) -> int:
     from kernelevolve.optimize import OptimizeConfig, optimize
     from kernelevolve.store import Store
 
-    path, out, db, config = (argv if argv is not None else sys.argv[1:])[:4]
+    args = list(argv if argv is not None else sys.argv[1:])
+    path, out, db, config = args[:4]
+    resume = int(args[4]) if len(args) > 4 and args[4] else None
     cfg = OptimizeConfig.from_dict(json.loads(config))
-    result = optimize(Path(path), cfg, Store(db), Path(out))
+    result = optimize(Path(path), cfg, Store(db), Path(out), resume=resume)
     print(json.dumps(outcome_fields(result)), flush=True)
     return 0
 

@@ -288,7 +288,7 @@ def compose_parts(model_source: str, chosen: list[tuple[Part, str, str]], doc: s
 
 def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget_s: float, min_share: float,
                    rivals: tuple[str, ...], on_stage: Callable[[str], None], hosts: tuple[str, ...] | None,
-                   error: Exception) -> Any:
+                   error: Exception, resume: bool = False) -> Any:
     """The model by its parts: each part that matters through optimize_model with its share of the budget, the
     parts that won composed into the model and judged as one candidate, a part that breaks the whole or leaves it
     no faster dropped (smallest gain first). Raises ``error`` (with why) where no submodule captures either."""
@@ -327,7 +327,7 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
         part_budget = budget_s * part.ms / weight
         on_stage(f"{part.name} ({part.cls} at {', '.join(part.paths)[:80]}): {part_budget:.0f} s")
         o = optimize_model(part.file, cfg, store, out_dir / part.name, part_budget, min_share, rivals,
-                           lambda s, n=part.name: on_stage(f"{n}: {s}"), hosts=hosts)
+                           lambda s, n=part.name: on_stage(f"{n}: {s}"), hosts=hosts, resume=resume)
         outcomes[part.name] = o
         h = o.head_to_head
         speedup = h.speedup.get(h.best_baseline) if h is not None and h.answer else None

@@ -139,8 +139,8 @@ class RegionOutcome:
     answer: str = ""  # what best.py is: "candidate", a baseline's name, or "" where nothing ran
 
 
-def optimize_regions(plan: ModelPlan, cfg: Any, store: Any,
-                     on_stage: Callable[[str], None] = lambda s: None) -> list[RegionOutcome]:
+def optimize_regions(plan: ModelPlan, cfg: Any, store: Any, on_stage: Callable[[str], None] = lambda s: None,
+                     resume: bool = False) -> list[RegionOutcome]:
     """The operator loop on every problem with a budget, largest claim first; in parallel over the local GPUs or a
     Ray cluster where there are several (lanes.py)."""
     from kernelevolve.model.lanes import run_all
@@ -148,7 +148,7 @@ def optimize_regions(plan: ModelPlan, cfg: Any, store: Any,
     jobs = [(g.name, g.path, replace(cfg, time_budget_s=g.share.budget_s), plan.out_dir / g.name)
             for g in plan.groups if g.share is not None and g.share.budget_s > 0]
     labels = {g.name: f"{g.name} ({g.kind} at {g.regions[0].where})" for g in plan.groups}
-    done = run_all(jobs, cfg, store, on_stage, labels)
+    done = run_all(jobs, cfg, store, on_stage, labels, resume)
     out = []
     for g in plan.groups:
         if g.name not in done:

@@ -90,11 +90,12 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
                    min_share: float = MIN_SHARE, rivals: tuple[str, ...] = MODEL_RIVALS,
                    on_stage: Callable[[str], None] = lambda s: None,
                    on_plan: Callable[[ModelPlan], None] = lambda p: None,
-                   hosts: tuple[str, ...] | None = None) -> ModelOutcome:
+                   hosts: tuple[str, ...] | None = None, resume: bool = False) -> ModelOutcome:
     """Plan, optimize, compose and judge ``path``'s model; best_model.py and model_report.json go into ``out_dir``
     beside the problem files. ``hosts``: the compositions judged each round (compose.HOSTS; by default both on a
     GPU, eager on the CPU), the faster verified one going on to the head-to-head. A model that cannot be captured
-    as one graph is optimized by its parts that can (parts.py). Raises ProblemError for a bad file, ModelError for
+    as one graph is optimized by its parts that can (parts.py). With ``resume``, problems whose runs finished
+    earlier in ``store`` keep their answers and stopped ones go on (lanes.run_all). Raises ProblemError for a bad file, ModelError for
     a model of which no part can be captured."""
     from kernelevolve.optimize import make_evaluator
 
@@ -107,9 +108,9 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     except ModelError as e:  # not one graph: by its parts that are, where there are some
         from kernelevolve.model.parts import optimize_parts
 
-        return optimize_parts(path, cfg, store, out_dir, budget_s, min_share, rivals, on_stage, hosts, e)
+        return optimize_parts(path, cfg, store, out_dir, budget_s, min_share, rivals, on_stage, hosts, e, resume)
     on_plan(plan)
-    outcomes = optimize_regions(plan, cfg, store, on_stage)
+    outcomes = optimize_regions(plan, cfg, store, on_stage, resume=resume)
     chosen = _chosen(plan, outcomes)
     source = plan.problem.source
     evaluator = make_evaluator(plan.problem, replace(cfg, timeout_s=max(cfg.timeout_s, 600.0)),
