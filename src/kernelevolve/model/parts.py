@@ -32,26 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-SOURCE = Path(__file__).with_name({source!r})  # the whole model this part comes from
-if not SOURCE.exists():  # a copy of this file elsewhere (a candidate's, say) reads the model where it was
-    SOURCE = Path({where!r})
 PATH = {path!r}
-
-
-@functools.lru_cache(maxsize=None)
-def _source():
-    spec = importlib.util.spec_from_file_location("_kernelevolve_source_" + SOURCE.stem, SOURCE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@functools.lru_cache(maxsize=None)
-def _source_model():
-    """The model as its file builds it, with a fixed seed, on the CPU; the caller's random state is left alone."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return _source().Model(*_source().get_init_inputs())
+@SOURCE_LOADER@
 
 
 class Model(nn.Module):
@@ -149,7 +131,10 @@ class Part:
 
 
 def part_source(model_file: str, where: Path, path: str, doc: str) -> str:
-    return PART.format(doc=doc, source=model_file, where=str(where), path=path)
+    from kernelevolve.model.regionfile import SOURCE_LOADER
+
+    return PART.replace("@SOURCE_LOADER@", SOURCE_LOADER).format(doc=doc, source=model_file, where=str(where),
+                                                                   path=path, init_seed=0)
 
 
 def _calls(model: nn.Module, inputs: list[Any]) -> dict[str, tuple[list[Any], bool]]:
@@ -293,14 +278,12 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     parts that won composed into the model and judged as one candidate, a part that breaks the whole or leaves it
     no faster dropped (smallest gain first). Raises ``error`` (with why) where no submodule captures either."""
     import shutil
-    import time
     from dataclasses import replace
 
     from kernelevolve.candidate import Candidate
     from kernelevolve.evaluate import Status
-    from kernelevolve.evaluate.headtohead import LABELS
     from kernelevolve.model.plan import ModelError, RegionOutcome
-    from kernelevolve.model.run import ModelOutcome, _finish, _Record, fallback, optimize_model
+    from kernelevolve.model.run import ModelOutcome, _finish, _Record, fallback, lost_line, optimize_model
     from kernelevolve.optimize import make_evaluator
     from kernelevolve.problem import load_problem
 
@@ -367,16 +350,11 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
             if not cfg.head_to_head or cfg.device != "cuda" and not verdict.timed:
                 result.why = f"the model with {len(chosen)} parts' kernels, verified (not timed on {cfg.device})"
                 return _finish(result, text, chosen, [], record)
-            on_stage("timing it head to head against the whole model")
-            t0 = time.monotonic()
-            h = evaluator.head_to_head(candidate, list(rivals))
-            record.phases["head_to_head_s"] = round(time.monotonic() - t0, 3)
-            result.head_to_head = h
+            h = record.head_to_head(evaluator, candidate, rivals, result, on_stage, "it")
             if h.wins:
                 result.why = f"the model with {len(chosen)} parts' kernels; {h.line()}"
                 return _finish(result, text, chosen, [], record)
-            result.dropped.append(f"{worst.name}: the composition did not beat {LABELS.get(h.best_baseline)} "
-                                  f"({h.line()[:160]})")
+            result.dropped.append(lost_line(worst.name, h))
             chosen.remove(worst)
     except BaseException:
         store.update_run(record.run_id, status="interrupted", stop_reason="stopped while the model was judged")

@@ -16,15 +16,9 @@ from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
 from kernelevolve.model.partition import Region
 from kernelevolve.templates.program import Namer, node_line
 
-HEADER = '''"""{doc}"""
-import functools
-import importlib.util
-from pathlib import Path
-
-import torch
-import torch.nn as nn
-
-SOURCE = Path(__file__).with_name({source!r})  # the whole model this region comes from
+# how a file written from a model finds it (beside it, else where it was written) and builds it: shared by the region
+# and part files (model/parts.py)
+SOURCE_LOADER = '''SOURCE = Path(__file__).with_name({source!r})  # the whole model this file comes from
 if not SOURCE.exists():  # a copy of this file elsewhere (a candidate's, say) reads the model where it was
     SOURCE = Path({where!r})
 
@@ -42,7 +36,17 @@ def _source_model():
     """The model as its file builds it, with a fixed seed, on the CPU; the caller's random state is left alone."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed({init_seed})
-        return _source().Model(*_source().get_init_inputs())
+        return _source().Model(*_source().get_init_inputs())'''
+
+HEADER = '''"""{doc}"""
+import functools
+import importlib.util
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+@SOURCE_LOADER@
 
 
 def _source_state():
@@ -196,8 +200,8 @@ def region_source(graph: CapturedGraph, region: Region, source_name: str, doc: s
     prefix.append(f"return [{', '.join(pname(a) + '.detach().clone()' for a in activations)}]")
 
     ops = ", ".join(dict.fromkeys(op_name(n) for n in region.nodes))
-    text = HEADER.format(doc=doc, source=source_name, init_seed=init_seed,
-                         where=str(source_path or source_name))
+    text = HEADER.replace("@SOURCE_LOADER@", SOURCE_LOADER).format(
+        doc=doc, source=source_name, init_seed=init_seed, where=str(source_path or source_name))
     text += KEEP
     text += MODEL.format(doc=f"{region.kind} region: {ops}"[:110], weights=_indent(lines_w) or "        pass",
                          params=params, body=_indent(body))

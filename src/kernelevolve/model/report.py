@@ -152,15 +152,34 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def render(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
+def _ends(outcome: "ModelOutcome") -> str:
+    h = outcome.head_to_head
+    return ", ".join(f"{v:.2f}x vs {k}" for k, v in h.speedup.items()) if h is not None and h.answer else \
+        "not timed head to head"
+
+
+def _steps_html(title: str, steps: list[Step], note: str) -> list[str]:
+    return [f"<h2>{title}, before and after</h2>", _svg(steps),
+            _table(["", "where", "before ms", "after ms", "saved ms"],
+                   [[s.name, s.where, f"{s.before_ms:.4f}", "—" if s.after_ms is None else f"{s.after_ms:.4f}",
+                     "—" if s.saved_ms is None else f"{s.saved_ms:+.4f}"] for s in steps]),
+            f"<p class=meta>{_e(note)}</p>" if note else ""]
+
+
+def _page(title: str, body: list[str], lists: list[tuple[str, list[str]]]) -> str:
     from kernelevolve.report import CSS
 
+    for heading, items in lists:
+        if items:
+            body.append(f"<h2>{heading}</h2><ul>" + "".join(f"<li>{_e(d)}</li>" for d in items) + "</ul>")
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title><style>{CSS}</style>"
+            f"</head><body>{''.join(body)}</body></html>")
+
+
+def render(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
     plan = outcome.plan
     if plan is None:
         return _render_parts(outcome, steps, note)
-    h = outcome.head_to_head
-    ends = ", ".join(f"{v:.2f}x vs {k}" for k, v in h.speedup.items()) if h is not None and h.answer else \
-        "not timed head to head"
     outcomes = {o.name: o for o in outcome.regions}
     problems = []
     for g in plan.groups:
@@ -175,49 +194,25 @@ def render(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
     body = [f"<h1>{_e(plan.problem.name)}: the whole model</h1>",
             f'<p class="meta">device {_e(plan.times.device)} · model run {_e(outcome.run_id)} · '
             f"{len(plan.graph.calls())} ops, {len(plan.partition.regions)} regions, {len(plan.groups)} problems</p>",
-            f"<p><b>best_model.py</b>: {_e(outcome.why)}</p><p><b>end to end</b>: {_e(ends)}</p>",
-            "<h2>Time by region, before and after</h2>", _svg(steps),
-            _table(["", "where", "before ms", "after ms", "saved ms"],
-                   [[s.name, s.where, f"{s.before_ms:.4f}", "—" if s.after_ms is None else f"{s.after_ms:.4f}",
-                     "—" if s.saved_ms is None else f"{s.saved_ms:+.4f}"] for s in steps]),
-            f"<p class=meta>{_e(note)}</p>" if note else "",
-            "<h2>Problems</h2>",
+            f"<p><b>best_model.py</b>: {_e(outcome.why)}</p><p><b>end to end</b>: {_e(_ends(outcome))}</p>",
+            *_steps_html("Time by region", steps, note), "<h2>Problems</h2>",
             _table(["problem", "kind", "where", "instances", "ms", "share", "budget", "run", "speedup",
                     "in best_model.py"], problems)]
-    if outcome.dropped:
-        body.append("<h2>Dropped from the composition</h2><ul>"
-                    + "".join(f"<li>{_e(d)}</li>" for d in outcome.dropped) + "</ul>")
-    if plan.notes:
-        body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in plan.notes) + "</ul>")
-    return (f"<!doctype html><html><head><meta charset=utf-8><title>{_e(plan.problem.name)}: model report</title>"
-            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    return _page(f"{plan.problem.name}: model report", body,
+                 [("Dropped from the composition", outcome.dropped), ("Notes", plan.notes + outcome.notes)])
 
 
 def _render_parts(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
-    from kernelevolve.report import CSS
-
-    h = outcome.head_to_head
-    ends = ", ".join(f"{v:.2f}x vs {k}" for k, v in h.speedup.items()) if h is not None and h.answer else \
-        "not timed head to head"
     rows = [[r["name"], ", ".join(r["paths"])[:120], r["class"], f"{r['ms']:.4f}", f"{r['share']:.1%}",
              r.get("run_id") if r.get("run_id") is not None else "—",
              f"{r['speedup']:.2f}x" if r.get("speedup") else "—",
              "kept" if r["name"] in outcome.kept else r.get("why", "")] for r in outcome.parts]
     body = [f"<h1>{_e(outcome.out_dir.name if outcome.out_dir else 'model')}: the whole model, by its parts</h1>",
             f'<p class="meta">device {_e(outcome.device)} · model run {_e(outcome.run_id)}</p>',
-            f"<p><b>best_model.py</b>: {_e(outcome.why)}</p><p><b>end to end</b>: {_e(ends)}</p>",
-            "<h2>Time by part, before and after</h2>", _svg(steps),
-            _table(["", "where", "before ms", "after ms", "saved ms"],
-                   [[s.name, s.where, f"{s.before_ms:.4f}", "—" if s.after_ms is None else f"{s.after_ms:.4f}",
-                     "—" if s.saved_ms is None else f"{s.saved_ms:+.4f}"] for s in steps]),
-            f"<p class=meta>{_e(note)}</p>" if note else "",
-            "<h2>Parts</h2><p>Each part's own report is in its folder.</p>",
+            f"<p><b>best_model.py</b>: {_e(outcome.why)}</p><p><b>end to end</b>: {_e(_ends(outcome))}</p>",
+            *_steps_html("Time by part", steps, note), "<h2>Parts</h2><p>Each part's own report is in its folder.</p>",
             _table(["part", "instances", "class", "ms", "share", "run", "speedup", "in best_model.py"], rows)]
-    for title, items in (("Dropped from the composition", outcome.dropped), ("Notes", outcome.notes)):
-        if items:
-            body.append(f"<h2>{title}</h2><ul>" + "".join(f"<li>{_e(d)}</li>" for d in items) + "</ul>")
-    return (f"<!doctype html><html><head><meta charset=utf-8><title>model report</title><style>{CSS}</style>"
-            f"</head><body>{''.join(body)}</body></html>")
+    return _page("model report", body, [("Dropped from the composition", outcome.dropped), ("Notes", outcome.notes)])
 
 
 def write_model_report(outcome: "ModelOutcome") -> tuple[Path, list[Step], str]:

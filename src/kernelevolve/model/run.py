@@ -132,18 +132,12 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
             if not cfg.head_to_head or cfg.device != "cuda" and not verdict.timed:
                 result.why = f"{what}, verified (not timed on {cfg.device}), {host} host"
                 return _finish(result, candidate.source, chosen, skipped, record)
-            on_stage(f"timing it head to head against the whole model ({host} host)")
-            t0 = time.monotonic()
-            h = evaluator.head_to_head(candidate, list(rivals))
-            record.phases["head_to_head_s"] = round(record.phases.get("head_to_head_s", 0.0)
-                                                    + time.monotonic() - t0, 3)
-            result.head_to_head = h
+            h = record.head_to_head(evaluator, candidate, rivals, result, on_stage, f"it ({host} host)")
             if h.wins:
                 result.why = f"{what}, {host} host; {h.line()}"
                 return _finish(result, candidate.source, chosen, skipped, record)
             worst = min(chosen, key=lambda c: _gain(c, plan, outcomes))
-            result.dropped.append(f"{worst.name}: the composition did not beat {LABELS.get(h.best_baseline)} "
-                                  f"({h.line()[:160]})")
+            result.dropped.append(lost_line(worst.name, h))
             chosen.remove(worst)
     except BaseException:
         store.update_run(record.run_id, status="interrupted", stop_reason="stopped while the model was judged")
@@ -166,6 +160,10 @@ def fallback(result: ModelOutcome, source: str, record: "_Record", why: str) -> 
         text = render(source, COMPILE_OPTIONS[side], LABELS[side])
     result.why = f"{why}: best_model.py is {'the model itself' if side == 'eager' else LABELS[side] + ' of it'}"
     return _finish(result, text, [], [], record)
+
+
+def lost_line(name: str, h: HeadToHead) -> str:
+    return f"{name}: the composition did not beat {LABELS.get(h.best_baseline)} ({h.line()[:160]})"
 
 
 def default_hosts(device: str) -> tuple[str, ...]:
@@ -217,6 +215,15 @@ class _Record:
         config = cfg.to_dict() | {"model": {"report": str(out_dir / "model_report.json"), "regions": runs}}
         self.run_id = store.create_run(problem, cfg.device, self.key, config, versions())
         self.phases: dict[str, float] = {}
+
+    def head_to_head(self, evaluator: Any, candidate: Candidate, rivals: tuple[str, ...], result: "ModelOutcome",
+                     on_stage: Callable[[str], None], what: str) -> HeadToHead:
+        on_stage(f"timing {what} head to head against the whole model")
+        t0 = time.monotonic()
+        h = evaluator.head_to_head(candidate, list(rivals))
+        self.phases["head_to_head_s"] = round(self.phases.get("head_to_head_s", 0.0) + time.monotonic() - t0, 3)
+        result.head_to_head = h
+        return h
 
     def baseline(self, evaluator: Any) -> Any:
         t0 = time.monotonic()
