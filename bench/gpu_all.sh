@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root: any of the GPU test suite, the experience benchmark and the benchmark suite,
 # each writing its logs and JSON under $OUT and printing a short summary last.
-# Usage: OUT=dir STEPS="tests screen experience suite load throughput kernelbench report" BUDGET=40 AGAIN=120 \
+# Usage: OUT=dir STEPS="tests screen experience suite load throughput kernelbench models report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
 #        LEVELS="1 2" SAMPLE=16 SEED=35 COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
+#        MODELS="dlrm mmoe" L3_SEED=36 MODELS_JSON=earlier-models.json \
 #        NO_MAX_AUTOTUNE=1 JUDGE=3 BASELINE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json EXP_JSON=earlier-experience.json \
 #        COMMIT=abc1234 PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
@@ -86,6 +87,16 @@ for step in ${STEPS:-tests experience}; do
         --budget-s "${BUDGET:-20}" ${DEADLINE:+--deadline-s $DEADLINE} --out-dir "$OUT/kernelbench" \
         --json "$OUT/kernelbench.json" 2>&1 | tee "$OUT/kernelbench.log" | tail -8
       python3 bench/kernelbench.py --markdown --json "$OUT/kernelbench.json" | tail -12 ;;
+    models)
+      # whole models (bench/models.py): the six of bench/models and the level-3 draw of L3_SEED, resumable:
+      # MODELS_JSON names an earlier call's rows to go on from; DEADLINE stops starting models; each model's run folder
+      # keeps its reports and best_model.py, its work folders and store dropped so that they come back
+      [ -n "${MODELS_JSON:-}" ] && cp "$MODELS_JSON" "$OUT/models.json"
+      # shellcheck disable=SC2086
+      python3 bench/models.py --device cuda --budget-s "${BUDGET:-240}" --level3-seed "${L3_SEED:-36}" \
+        ${MODELS:+--models $MODELS} ${KB_ROOT:+--level3-root $KB_ROOT/level3} ${DEADLINE:+--deadline-s $DEADLINE} \
+        --json "$OUT/models.json" --out-dir "$OUT/models" 2>&1 | tee "$OUT/models.log" | tail -30
+      find "$OUT/models" -name .work -type d -prune -exec rm -rf {} + ; rm -f "$OUT"/models/models.db* ;;
     report)
       # hardware counters of a problem's reference, a run of it (its report.html carries the counter table), and
       # the counters of that run's best kernel; the run's work folder is dropped so that the report comes back
