@@ -235,3 +235,13 @@ class ModelNew(Model):
     t = r.timing
     assert t.call_ms > 0.3 and t.host_ms > 0.5 and t.device_ms < 0.1 and t.launch_bound, t
     assert t.graph_ms is not None and t.graph_ms < 0.1  # replayed, the Python is gone
+
+
+def test_a_cpu_win_clears_a_wider_margin() -> None:
+    """8% in every round is a win on the GPU's margin and not on the CPU's, where two processes of one program
+    differ by that much."""
+    from kernelevolve.evaluate.headtohead import CPU_MARGIN
+
+    rounds = {CANDIDATE: [1.0] * 10, "eager": [1.08] * 10}
+    assert decide(rounds).wins and not decide(rounds, margin=CPU_MARGIN).wins
+    assert decide({CANDIDATE: [1.0] * 10, "eager": [1.3] * 10}, margin=CPU_MARGIN).wins
