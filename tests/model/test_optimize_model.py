@@ -132,6 +132,9 @@ def test_a_model_run_is_a_run_to_show_approve_and_export(tmp_path: Path, monkeyp
     assert [n.proposer for n in nodes] == ["compose"] and nodes[0].ok
     assert nodes[0].source == outcome.best_model.read_text().split("\n", 2)[2]  # best_model.py less its header
     db = ["--db", str(tmp_path / "runs.db")]
+    assert main(["show", str(run.id), *db]) == 0 and "compose" in capsys.readouterr().out
+    assert main(["report", str(run.id), "--out", str(tmp_path / "report"), *db]) == 0
+    assert (tmp_path / "report" / "report.html").exists() and (tmp_path / "report" / "best.py").exists()
     out = tmp_path / "export" / "blocks_kernels.py"
     assert main(["export", str(run.id), "--out", str(out), *db]) == 2  # not approved: the gate holds
     assert "not approved" in capsys.readouterr().err
