@@ -84,11 +84,19 @@ class _Handler(BaseHTTPRequestHandler):
             item = srv._script.pop(0) if srv._script else None
             srv._in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv._in_flight)
+        self._open = True
         try:
             self._answer(srv, item, body if isinstance(body, dict) else {})
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a timeout): nothing left to tell it
         finally:
+            self._close_request(srv)
+
+    def _close_request(self, srv: ScriptedServer) -> None:
+        """The request stops counting as in flight once its answer is about to go out: the client may send its next
+        request as soon as it has the answer, before this thread runs again."""
+        if getattr(self, "_open", False):
+            self._open = False
             with srv._lock:
                 srv._in_flight -= 1
 
@@ -114,6 +122,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
+        self._close_request(self.server.owner)
         self.send_response(code)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
