@@ -90,13 +90,3 @@ def optimize_live(model: nn.Module, inputs: Sequence[Any] | Callable[[], Sequenc
     return optimize_model(path, cfg, Store(db), out, time_budget_s,
                           MIN_SHARE if min_share is None else min_share, on_stage=on_stage,
                           hosts=tuple(hosts) if hosts else None)
-
-
-def apply(best_model: Path, live: nn.Module) -> nn.Module:
-    """best_model.py's ModelNew around ``live`` (its ``model``): the same parameters and buffers, not copies."""
-    from kernelevolve.problem import import_module_from_path
-
-    module = import_module_from_path(best_model, f"_kernelevolve_live_{abs(hash(str(Path(best_model).resolve())))}")
-    new = module.ModelNew()
-    new.model = live  # the saved copy it loaded goes; every kernel reads the live model's tensors
-    return new.train(live.training)

@@ -166,34 +166,11 @@ def _state(sub: nn.Module) -> list[Any]:
     return [(k, tuple(v.shape), v.dtype) for k, v in [*sub.named_parameters(), *sub.named_buffers()]]
 
 
-def part_times(model: nn.Module, inputs: list[Any], paths: list[str], device: str, runs: int = 3) -> dict[str, float]:
-    """The time of each submodule at ``paths`` and of the whole (``WHOLE``) in one call, by profiler ranges."""
-    from kernelevolve.model.profile import PREFIX, _profile_calls
-
-    handles = []
-    for path in paths:
-        sub = model.get_submodule(path)
-        ranges: list[Any] = []
-
-        def enter(module: nn.Module, args: tuple, path: str = path, ranges: list = ranges) -> None:
-            ranges.append(torch.profiler.record_function(PREFIX + path))
-            ranges[-1].__enter__()
-
-        def leave(module: nn.Module, args: tuple, out: Any, ranges: list = ranges) -> None:
-            ranges.pop().__exit__(None, None, None)
-        handles += [sub.register_forward_pre_hook(enter), sub.register_forward_hook(leave)]
-    try:
-        return _profile_calls(model, inputs, device, runs, 1)
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def find_parts(problem: Problem, out_dir: Path, device: str,
                on_stage: Callable[[str], None] = lambda s: None) -> tuple[list[Part], float, list[str]]:
     """The parts, the model's own time (ms, one call) and a line for each submodule that did not capture."""
     from kernelevolve.analyze.graph import CaptureError, capture
-    from kernelevolve.model.profile import WHOLE
+    from kernelevolve.model.profile import WHOLE, part_times
     from kernelevolve.problem import load_problem
 
     module = import_module_from_path(problem.path, f"_kernelevolve_parts_{problem.short_sha}")
@@ -273,17 +250,18 @@ def compose_parts(model_source: str, chosen: list[tuple[Part, str, str]], doc: s
 
 def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget_s: float, min_share: float,
                    rivals: tuple[str, ...], on_stage: Callable[[str], None], hosts: tuple[str, ...] | None,
-                   error: Exception, resume: bool = False) -> Any:
+                   error: Exception, resume: bool = False, optimize_model: Callable[..., Any] | None = None) -> Any:
     """The model by its parts: each part that matters through optimize_model with its share of the budget, the
     parts that won composed into the model and judged as one candidate, a part that breaks the whole or leaves it
-    no faster dropped (smallest gain first). Raises ``error`` (with why) where no submodule captures either."""
+    no faster dropped (smallest gain first). ``optimize_model`` is run.optimize_model, which each part goes
+    through (passed in: it is what calls this). Raises ``error`` (with why) where no submodule captures either."""
     import shutil
     from dataclasses import replace
 
     from kernelevolve.candidate import Candidate
     from kernelevolve.evaluate import Status
     from kernelevolve.model.plan import ModelError, RegionOutcome
-    from kernelevolve.model.run import ModelOutcome, _finish, _Record, fallback, lost_line, optimize_model
+    from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line
     from kernelevolve.optimize import make_evaluator
     from kernelevolve.problem import load_problem
 
@@ -320,7 +298,7 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
                            "report": str(o.report) if o.report else None})
     result = ModelOutcome(None, answers, [], out_dir=out_dir, device=cfg.device, parts=rows,
                           notes=[f"the model as a whole: {error}"] + notes)
-    record = _Record(store, problem, out_dir, cfg, {a.name: a.run_id for a in answers})
+    record = Record(store, problem, out_dir, cfg, {a.name: a.run_id for a in answers})
     result.run_id = record.run_id
     chosen = [p for p in parts if p.name in outcomes and answers[[a.name for a in answers].index(p.name)].answer
               == "candidate"]
@@ -349,11 +327,11 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
                 continue
             if not cfg.head_to_head or cfg.device != "cuda" and not verdict.timed:
                 result.why = f"the model with {len(chosen)} parts' kernels, verified (not timed on {cfg.device})"
-                return _finish(result, text, chosen, [], record)
+                return finish(result, text, chosen, [], record)
             h = record.head_to_head(evaluator, candidate, rivals, result, on_stage, "it")
             if h.wins:
                 result.why = f"the model with {len(chosen)} parts' kernels; {h.line()}"
-                return _finish(result, text, chosen, [], record)
+                return finish(result, text, chosen, [], record)
             result.dropped.append(lost_line(worst.name, h))
             chosen.remove(worst)
     except BaseException:

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.fx as fx
+import torch.nn as nn
 
 from kernelevolve.analyze.graph import CapturedGraph, op_name
 from kernelevolve.model.partition import Partition
@@ -185,3 +186,24 @@ def _profile_calls(model: Any, inputs: list[Any], device: str, runs: int, warmup
             for name, ms in _ranges(prof.events(), cuda).items():
                 samples.setdefault(name, []).append(ms)
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def part_times(model: nn.Module, inputs: list[Any], paths: list[str], device: str, runs: int = 3) -> dict[str, float]:
+    """The time of each submodule at ``paths`` and of the whole (``WHOLE``) in one call, by profiler ranges."""
+    handles = []
+    for path in paths:
+        sub = model.get_submodule(path)
+        ranges: list[Any] = []
+
+        def enter(module: nn.Module, args: tuple, path: str = path, ranges: list = ranges) -> None:
+            ranges.append(torch.profiler.record_function(PREFIX + path))
+            ranges[-1].__enter__()
+
+        def leave(module: nn.Module, args: tuple, out: Any, ranges: list = ranges) -> None:
+            ranges.pop().__exit__(None, None, None)
+        handles += [sub.register_forward_pre_hook(enter), sub.register_forward_hook(leave)]
+    try:
+        return _profile_calls(model, inputs, device, runs, 1)
+    finally:
+        for h in handles:
+            h.remove()

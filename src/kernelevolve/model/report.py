@@ -12,10 +12,7 @@ import html
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from kernelevolve.model.run import ModelOutcome
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +33,7 @@ class Step:
         return None if self.after_ms is None else self.before_ms - self.after_ms
 
 
-def waterfall(outcome: "ModelOutcome") -> tuple[list[Step], str]:
+def waterfall(outcome: Any) -> tuple[list[Step], str]:
     """The rows, and a note where the times could not be measured (then the after column is empty)."""
     from kernelevolve.model.compose import Chosen, compose
     from kernelevolve.model.profile import WHOLE, composed_times
@@ -76,11 +73,10 @@ def waterfall(outcome: "ModelOutcome") -> tuple[list[Step], str]:
     return rows, note
 
 
-def _parts_waterfall(outcome: "ModelOutcome") -> tuple[list[Step], str]:
+def _parts_waterfall(outcome: Any) -> tuple[list[Step], str]:
     """By parts: the model and best_model.py's ModelNew timed alike, each kept part's instances in ranges of their
     own (hooks on the module paths), the rest of the model the whole less them."""
-    from kernelevolve.model.parts import part_times
-    from kernelevolve.model.profile import WHOLE
+    from kernelevolve.model.profile import WHOLE, part_times
     from kernelevolve.problem import build_model, import_module_from_path, make_inputs
 
     kept = [r for r in outcome.parts if r["name"] in outcome.kept]
@@ -152,7 +148,7 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _ends(outcome: "ModelOutcome") -> str:
+def _ends(outcome: Any) -> str:
     h = outcome.head_to_head
     return ", ".join(f"{v:.2f}x vs {k}" for k, v in h.speedup.items()) if h is not None and h.answer else \
         "not timed head to head"
@@ -176,7 +172,7 @@ def _page(title: str, body: list[str], lists: list[tuple[str, list[str]]]) -> st
             f"</head><body>{''.join(body)}</body></html>")
 
 
-def render(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
+def render(outcome: Any, steps: list[Step], note: str) -> str:
     plan = outcome.plan
     if plan is None:
         return _render_parts(outcome, steps, note)
@@ -202,7 +198,7 @@ def render(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
                  [("Dropped from the composition", outcome.dropped), ("Notes", plan.notes + outcome.notes)])
 
 
-def _render_parts(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
+def _render_parts(outcome: Any, steps: list[Step], note: str) -> str:
     rows = [[r["name"], ", ".join(r["paths"])[:120], r["class"], f"{r['ms']:.4f}", f"{r['share']:.1%}",
              r.get("run_id") if r.get("run_id") is not None else "—",
              f"{r['speedup']:.2f}x" if r.get("speedup") else "—",
@@ -215,7 +211,7 @@ def _render_parts(outcome: "ModelOutcome", steps: list[Step], note: str) -> str:
     return _page("model report", body, [("Dropped from the composition", outcome.dropped), ("Notes", outcome.notes)])
 
 
-def write_model_report(outcome: "ModelOutcome") -> tuple[Path, list[Step], str]:
+def write_model_report(outcome: Any) -> tuple[Path, list[Step], str]:
     """model_report.html in the run's folder; the waterfall's rows go into model_report.json too."""
     steps, note = waterfall(outcome)
     path = outcome.out_dir / "model_report.html"

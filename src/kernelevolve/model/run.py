@@ -9,60 +9,20 @@ whole model. The answer is never slower than the best of the three.
 """
 from __future__ import annotations
 
-import json
 import logging
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate.headtohead import CANDIDATE, HeadToHead, LABELS
+from kernelevolve.evaluate.headtohead import LABELS
 from kernelevolve.model.compose import HOSTS, Chosen, compose
+from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line
 from kernelevolve.model.plan import MIN_SHARE, ModelError, ModelPlan, RegionOutcome, optimize_regions, plan_model
 
 log = logging.getLogger(__name__)
 
 MODEL_RIVALS = ("eager", "compiled", "max_autotune")
-
-
-@dataclass
-class ModelOutcome:
-    plan: ModelPlan | None  # None where the model was optimized by its parts (parts.py)
-    regions: list[RegionOutcome]  # each problem's answer; by parts, each part's
-    kept: list[str]  # the problems whose kernels are in best_model.py
-    dropped: list[str] = field(default_factory=list)  # one line each: a kernel that left the composition, and why
-    status: str = ""  # the composition's verdict (the last one judged)
-    head_to_head: HeadToHead | None = None
-    best_model: Path | None = None
-    why: str = ""  # one line: what best_model.py is
-    run_id: int | None = None  # the model's own run in the store: each composition judged is one of its nodes
-    baseline: Any = None  # the whole model timed in eager and under torch.compile, where it was timed
-    waterfall: list[Any] = field(default_factory=list)  # report.Step rows: time by region, before and after
-    report: Path | None = None  # model_report.html
-    notes: list[str] = field(default_factory=list)
-    out_dir: Path | None = None
-    device: str = "cpu"
-    parts: list[dict[str, Any]] = field(default_factory=list)  # by parts: each part's paths, time and answer
-
-    def apply(self, model: Any) -> Any:
-        """For a live model's run (``kernelevolve.optimize_model(model, inputs)``): best_model.py around ``model``,
-        sharing its parameters and buffers."""
-        from kernelevolve.model.live import apply
-
-        if self.best_model is None:
-            raise ValueError("the run wrote no best_model.py")
-        return apply(self.best_model, model)
-
-    def to_dict(self) -> dict[str, Any]:
-        h = self.head_to_head
-        return {"run_id": self.run_id, "plan": self.plan.to_dict() if self.plan else None, "parts": self.parts, "regions": [r.__dict__ | {"best": str(r.best) if r.best else None}
-                                                         for r in self.regions],
-                "kept": self.kept, "dropped": self.dropped, "status": self.status,
-                "head_to_head": h.to_dict() if h is not None else None,
-                "best_model": str(self.best_model) if self.best_model else None, "why": self.why,
-                "waterfall": [asdict(s) for s in self.waterfall],
-                "report": str(self.report) if self.report else None, "notes": self.notes}
 
 
 def _chosen(plan: ModelPlan, outcomes: list[RegionOutcome]) -> list[Chosen]:
@@ -108,7 +68,8 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     except ModelError as e:  # not one graph: by its parts that are, where there are some
         from kernelevolve.model.parts import optimize_parts
 
-        return optimize_parts(path, cfg, store, out_dir, budget_s, min_share, rivals, on_stage, hosts, e, resume)
+        return optimize_parts(path, cfg, store, out_dir, budget_s, min_share, rivals, on_stage, hosts, e, resume,
+                              optimize_model)
     on_plan(plan)
     outcomes = optimize_regions(plan, cfg, store, on_stage, resume=resume)
     chosen = _chosen(plan, outcomes)
@@ -116,7 +77,7 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     evaluator = make_evaluator(plan.problem, replace(cfg, timeout_s=max(cfg.timeout_s, 600.0)),
                                out_dir / ".work" / "model")
     result = ModelOutcome(plan, outcomes, [c.name for c in chosen], out_dir=out_dir, device=cfg.device)
-    record = _Record(store, plan.problem, out_dir, cfg, {o.name: o.run_id for o in outcomes})
+    record = Record(store, plan.problem, out_dir, cfg, {o.name: o.run_id for o in outcomes})
     result.run_id = record.run_id
     doc = f"kernelevolve: {Path(plan.problem.path).name} with its regions' kernels"
     try:
@@ -131,11 +92,11 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
             what = f"the model with {len(chosen)} region kernels"
             if not cfg.head_to_head or cfg.device != "cuda" and not verdict.timed:
                 result.why = f"{what}, verified (not timed on {cfg.device}), {host} host"
-                return _finish(result, candidate.source, chosen, skipped, record)
+                return finish(result, candidate.source, chosen, skipped, record)
             h = record.head_to_head(evaluator, candidate, rivals, result, on_stage, f"it ({host} host)")
             if h.wins:
                 result.why = f"{what}, {host} host; {h.line()}"
-                return _finish(result, candidate.source, chosen, skipped, record)
+                return finish(result, candidate.source, chosen, skipped, record)
             worst = min(chosen, key=lambda c: _gain(c, plan, outcomes))
             result.dropped.append(lost_line(worst.name, h))
             chosen.remove(worst)
@@ -143,27 +104,6 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
         store.update_run(record.run_id, status="interrupted", stop_reason="stopped while the model was judged")
         raise
     return fallback(result, source, record, "no region kernel made the whole model faster")
-
-
-def fallback(result: ModelOutcome, source: str, record: "_Record", why: str) -> ModelOutcome:
-    """best_model.py as the best baseline's kernel of the whole model (the model itself where eager is)."""
-    from kernelevolve.report import reference_candidate
-
-    h = result.head_to_head
-    side = h.best_baseline if h is not None and h.answer and h.answer != CANDIDATE else "eager"
-    if side == "eager":
-        text = reference_candidate(source, why)
-    else:
-        from kernelevolve.propose.inductor import render
-        from kernelevolve.evaluate.headtohead import COMPILE_OPTIONS
-
-        text = render(source, COMPILE_OPTIONS[side], LABELS[side])
-    result.why = f"{why}: best_model.py is {'the model itself' if side == 'eager' else LABELS[side] + ' of it'}"
-    return _finish(result, text, [], [], record)
-
-
-def lost_line(name: str, h: HeadToHead) -> str:
-    return f"{name}: the composition did not beat {LABELS.get(h.best_baseline)} ({h.line()[:160]})"
 
 
 def default_hosts(device: str) -> tuple[str, ...]:
@@ -176,7 +116,7 @@ def _label(chosen: list[Chosen], host: str) -> str:
 
 
 def _judge_hosts(source: str, plan: ModelPlan, chosen: list[Chosen], doc: str, hosts: tuple[str, ...],
-                 evaluator: Any, record: "_Record", result: "ModelOutcome", cfg: Any,
+                 evaluator: Any, record: Record, result: ModelOutcome, cfg: Any,
                  on_stage: Callable[[str], None]) -> tuple[str, Candidate, Any, list[str]] | str:
     """Each host's composition judged (a node each); the verified one with the fastest call goes on, else a line
     saying what went wrong with the first."""
@@ -204,62 +144,3 @@ def _judge_hosts(source: str, plan: ModelPlan, chosen: list[Chosen], doc: str, h
     return min(passed, key=lambda p: p[2].runtime_ms if p[2].timed and p[2].runtime_ms else float("inf"))
 
 
-class _Record:
-    """The model's own run in the store, so that show, report, approve and export read it as any run: the
-    problem is the model, each composition judged a node (proposer ``compose``), the head-to-head the run's."""
-
-    def __init__(self, store: Any, problem: Any, out_dir: Path, cfg: Any, runs: dict[str, int | None]):
-        from kernelevolve.machine import device_key, versions
-
-        self.store, self.problem, self.key = store, problem, device_key(cfg.device)
-        config = cfg.to_dict() | {"model": {"report": str(out_dir / "model_report.json"), "regions": runs}}
-        self.run_id = store.create_run(problem, cfg.device, self.key, config, versions())
-        self.phases: dict[str, float] = {}
-
-    def head_to_head(self, evaluator: Any, candidate: Candidate, rivals: tuple[str, ...], result: "ModelOutcome",
-                     on_stage: Callable[[str], None], what: str) -> HeadToHead:
-        on_stage(f"timing {what} head to head against the whole model")
-        t0 = time.monotonic()
-        h = evaluator.head_to_head(candidate, list(rivals))
-        self.phases["head_to_head_s"] = round(self.phases.get("head_to_head_s", 0.0) + time.monotonic() - t0, 3)
-        result.head_to_head = h
-        return h
-
-    def baseline(self, evaluator: Any) -> Any:
-        t0 = time.monotonic()
-        baseline = evaluator.baseline()
-        self.phases["baseline_s"] = round(time.monotonic() - t0, 3)
-        self.store.update_run(self.run_id, baseline=baseline)
-        return baseline
-
-    def node(self, candidate: Candidate, verdict: Any, baseline: Any) -> None:
-        node = self.store.add_node(self.run_id, self.problem.sha, self.key, candidate)
-        self.store.save_result(node.id, verdict.with_baseline(baseline) if baseline is not None else verdict)
-
-    def finish(self, result: "ModelOutcome") -> None:
-        from kernelevolve.store import now
-
-        fields: dict[str, Any] = {"status": "finished", "finished": now(), "stop_reason": result.why,
-                                  "phases": self.phases}
-        if result.head_to_head is not None:
-            fields["head_to_head"] = result.head_to_head
-        self.store.update_run(self.run_id, **fields)
-
-
-def _finish(result: ModelOutcome, text: str, chosen: list[Chosen], skipped: list[str],
-            record: _Record) -> ModelOutcome:
-    record.finish(result)
-    out = result.out_dir
-    result.kept = [c.name for c in chosen]
-    result.dropped += skipped
-    header = f"# {result.why}\n# kept: {', '.join(result.kept) or 'none'}\n"
-    path = out / "best_model.py"
-    path.write_text(header + text)
-    result.best_model = path
-    from kernelevolve.model.report import write_model_report
-
-    result.report, result.waterfall, note = write_model_report(result)
-    if note:
-        result.notes.append(note)
-    (out / "model_report.json").write_text(json.dumps(result.to_dict(), indent=1, default=str))
-    return result
