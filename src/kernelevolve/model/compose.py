@@ -35,21 +35,29 @@ class Chosen:
     provenance: str  # one line
 
 
-LOADER = '''
+# How a file carries other files' text as modules of its own (region kernels here, parts' files in parts.py)
+EXEC = '''
+
+def _kernelevolve_exec(name, source):
+    """Another file's text run as a module of its own, named as this file's module: the kernels it defines are this
+    file's own (whoever counts a file's kernels by their module, as the judge does, counts these)."""
+    import linecache
+    import types
+
+    filename = f"<kernelevolve {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # Triton reads the source
+    module = types.ModuleType(__name__)
+    module.__file__ = filename
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return module
+'''
+
+LOADER = EXEC + '''
 
 def _kernelevolve_region(name, source, weights):
     """A region's kernel file as a module of its own, its weights read as stand-ins (the file's Model reads them
     from the model beside it; each call here passes the real ones)."""
-    import linecache
-    import types
-
-    filename = f"<kernelevolve region {name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # Triton reads the source
-    # named as this file's module: the kernels it defines are this file's own (whoever counts a file's kernels
-    # by their module, as the judge does, counts these)
-    module = types.ModuleType(__name__)
-    module.__file__ = filename
-    exec(compile(source, filename, "exec"), module.__dict__)
+    module = _kernelevolve_exec(f"region {name}", source)
     module._source_state = lambda: {k: torch.zeros(shape, dtype=dt, device="meta") for k, (shape, dt) in
                                     weights.items()}
     return module
@@ -119,7 +127,7 @@ ModelNew.forward = _kernelevolve_compiled_forward
 HOSTS = ("eager", "compile")
 
 
-def _text(source: str) -> str:
+def source_literal(source: str) -> str:
     """A file's text as a literal a reader can read: a raw triple-quoted string where it can be one."""
     body = source if source.endswith("\n") else source + "\n"
     if "'''" not in body and not body.rstrip("\n").endswith("\\"):
@@ -183,7 +191,7 @@ def _compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc:
         _, first_weights, _ = region_parts(graph, c.regions[0])
         stand_in = {state[w]: (tuple(w.meta["val"].shape), dtype(w)) for w in first_weights}
         var, text_var = f"_KE_MODULE_{c.name.upper()}", f"_KE_SOURCE_{c.name.upper()}"
-        modules.append(f"# ---- {c.name}: {c.provenance}\n{text_var} = {_text(c.source)}\n"
+        modules.append(f"# ---- {c.name}: {c.provenance}\n{text_var} = {source_literal(c.source)}\n"
                        f"{var} = _kernelevolve_region({c.name!r}, {text_var}, {{"
                        + ", ".join(f"{k!r}: ({s!r}, {d})" for k, (s, d) in stand_in.items()) + "})")
         for k, region in enumerate(c.regions):

@@ -42,19 +42,22 @@ def lane_devices(cfg: Any, problems: int) -> list[str | None]:
     return gpus if len(gpus) > 1 else [None]
 
 
-def outcome_fields(result: Any) -> dict[str, Any]:
+def _fields(run_id: int, best: Path | None, h: Any, best_result: Any, why: str) -> dict[str, Any]:
     """What a model needs from a problem's run: its id, best.py, its speedup over its best baseline and what best.py
     is (from the head-to-head where one was held, else the judge's verdict)."""
-    h = result.head_to_head
     speedup, answer = None, ""
     if h is not None and h.answer:
         speedup, answer = h.speedup.get(h.best_baseline), h.answer
-    elif result.best_result is not None and "the reference itself" not in result.best_why:
+    elif best_result is not None and "the reference itself" not in why:
         answer = "candidate"  # no head-to-head held: the judge's verdict stands
-        speedup = result.best_result.speedup_eager
-    best = result.files.get("best")
-    return {"run_id": result.run_id, "best": str(best) if best else None, "speedup": speedup, "why": result.best_why,
-            "answer": answer}
+        speedup = best_result.speedup_eager
+    return {"run_id": run_id, "best": str(best) if best else None, "speedup": speedup, "why": why, "answer": answer}
+
+
+def outcome_fields(result: Any) -> dict[str, Any]:
+    """_fields of a run just made (optimize's RunOutcome)."""
+    return _fields(result.run_id, result.files.get("best"), result.head_to_head, result.best_result,
+                   result.best_why)
 
 
 def earlier_run(store: Any, path: Path, device: str) -> Any:
@@ -73,17 +76,11 @@ def finished_fields(store: Any, run_id: int, out_dir: Path) -> dict[str, Any]:
 
     run = store.run(run_id)
     files, why = write_outputs(store, run_id, out_dir)
-    h = run.head_to_head
-    speedup, answer = None, ""
-    if h is not None and h.answer:
-        speedup, answer = h.speedup.get(h.best_baseline), h.answer
-    elif "the reference itself" not in why:
-        node, _ = best_node(store.nodes(run_id))
-        if node is not None and node.result is not None:
-            answer = "candidate"
-            result = node.result.with_baseline(run.baseline) if run.baseline is not None else node.result
-            speedup = result.speedup_eager
-    return {"run_id": run_id, "best": str(files["best"]), "speedup": speedup, "why": why, "answer": answer}
+    node, _ = best_node(store.nodes(run_id))
+    result = None
+    if node is not None and node.result is not None:
+        result = node.result.with_baseline(run.baseline) if run.baseline is not None else node.result
+    return _fields(run_id, files["best"], run.head_to_head, result, why)
 
 
 def run_in_lane(path: Path, cfg: Any, db: Path, out_dir: Path, device: str | None,

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from kernelevolve.model.compose import EXEC, source_literal
 from kernelevolve.problem import Problem, build_model, import_module_from_path, make_inputs
 
 log = logging.getLogger(__name__)
@@ -77,28 +78,13 @@ def get_init_inputs():
 
 BINDER = '''
 
-def _kernelevolve_part(name, source):
-    """A part's best_model.py as a module of its own (its Model, which would build the whole model, is never built)."""
-    import linecache
-    import types
-
-    filename = f"<kernelevolve part {name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # Triton reads the source
-    # named as this file's module: the kernels it defines are this file's own (whoever counts a file's kernels
-    # by their module, as the judge does, counts these)
-    module = types.ModuleType(__name__)
-    module.__file__ = filename
-    exec(compile(source, filename, "exec"), module.__dict__)
-    return module
-
-
 def _kernelevolve_bind_parts(model):
     """Each instance of each part runs its part's kernels: the part's ModelNew, holding the instance itself as its
     ``part``, in place of the instance's forward (a module of its own for each instance)."""
     for k, (paths, source) in enumerate(_KE_PARTS):
         for path in paths:
             sub = model.get_submodule(path)
-            cls = _kernelevolve_part(f"{k}_{path}", source).ModelNew
+            cls = _kernelevolve_exec(f"part {k} {path}", source).ModelNew
             wrapper = cls.__new__(cls)
             nn.Module.__init__(wrapper)
             wrapper.part = sub
@@ -227,25 +213,18 @@ def find_parts(problem: Problem, out_dir: Path, device: str,
     return parts, total, notes
 
 
-def _text(source: str) -> str:
-    body = source if source.endswith("\n") else source + "\n"
-    if "'''" not in body and not body.rstrip("\n").endswith("\\"):
-        return "r'''" + body + "'''"
-    return repr(source)
-
-
 def compose_parts(model_source: str, chosen: list[tuple[Part, str, str]], doc: str) -> str:
     """best_model.py of the whole: the model verbatim, each chosen part's best_model.py (with where it came from)
     and a ModelNew that binds them to their instances on its first call."""
     entries = []
     for part, text, provenance in chosen:
         entries.append(f"    # {', '.join(part.paths)} ({part.cls}): {provenance}\n"
-                       f"    ({part.paths!r}, {_text(text)}),")
+                       f"    ({part.paths!r}, {source_literal(text)}),")
     parts = [f'"""{doc}"""', "import torch\nimport torch.nn as nn",
              "# ---- the model, verbatim " + "-" * 86, model_source.rstrip(),
              "# ---- end of the model " + "-" * 89,
              "_KE_PARTS = [\n" + "\n".join(entries) + "\n]"]
-    return "\n\n\n".join(parts) + "\n" + BINDER.replace("@DOC@", doc.splitlines()[0])
+    return "\n\n\n".join(parts) + "\n" + EXEC.strip("\n") + "\n" + BINDER.replace("@DOC@", doc.splitlines()[0])
 
 
 def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget_s: float, min_share: float,
