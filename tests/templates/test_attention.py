@@ -116,6 +116,34 @@ def test_hstu_pointwise_scores(tmp_path):
     check(graph, match, [{}, {"BLOCK_N": 32}])
 
 
+HSTU_REGION = """
+bias, mask = k, v
+q, k, v = q.unbind(0)
+s = F.silu(q @ k.transpose(-2, -1) + bias) / S
+return (s * mask) @ v
+"""
+
+
+def test_hstu_scores_over_activations_go_to_attention_not_towers(tmp_path):
+    """A model's HSTU attention cut out as a region: q, k, v, the position bias and the padding mask all arrive as
+    inputs and the sequence is short enough for the towers' fused chain. The families claim in the registry's order;
+    attention takes it (towers multiply by the model's own weights, never by two activations)."""
+    from kernelevolve.templates.registry import FAMILIES
+
+    graph = capture_problem(tmp_path, HSTU_REGION, s=24,
+                            inputs="[torch.randn(3, B, H, S, D), torch.randn(H, S, S), "
+                                   "(torch.rand(B, 1, S, S) > 0.3).float()]")
+    taken, claims = set(), []
+    for family in FAMILIES:
+        for match in family.template().find(graph, taken):
+            taken |= set(match.nodes)
+            claims.append(match)
+    bmm = [m for m in claims if any(n.target == torch.ops.aten.bmm.default for n in m.nodes)]
+    assert [m.family for m in bmm] == ["attention"]
+    assert bmm[0].spec["mode"] == "pointwise" and len(bmm[0].spec["aux"]) == 2
+    check(graph, bmm[0], [{}, {"BLOCK_N": 16}])
+
+
 def test_softcap_and_sliding_window_built_from_arange(tmp_path):
     graph = capture_problem(tmp_path, WINDOW, b=1, s=70, d=32, dtype=torch.bfloat16)
     match = only_match(graph)

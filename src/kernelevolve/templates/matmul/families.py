@@ -161,7 +161,8 @@ class BatchedSmallTemplate:
     kind = "batched_matmul"
 
     def find(self, graph: CapturedGraph, taken: set[fx.Node]) -> list[Match]:
-        return claim_each(graph, taken, lambda n, used: self.chain(n, used)
+        weights = set(graph.placeholders()[:len(graph.state_names)])
+        return claim_each(graph, taken, lambda n, used: self.chain(n, used, weights)
                           if is_gemm(n, used) and op_name(n) in ("bmm", "baddbmm") else None)
 
     @staticmethod
@@ -174,10 +175,14 @@ class BatchedSmallTemplate:
             return None
         return nxt if gemm_parts(nxt)[0] is v else None
 
-    def chain(self, g0: fx.Node, taken: set[fx.Node]) -> Match | None:
+    def chain(self, g0: fx.Node, taken: set[fx.Node], weights: set[fx.Node]) -> Match | None:
         a_node, b_node = gemm_parts(g0)[:2]
         a = operand(a_node, {g0}, taken)
         b = operand(b_node, {g0, *a.nodes}, taken)
+        # towers multiply by the model's own per-task weights; two chained products of activations (q kᵀ, then the
+        # weights times v) are attention's, whose kernel keeps the scores on chip at any sequence length
+        if b.source not in weights:
+            return None
         base0 = {g0, *a.nodes, *b.nodes}
         epi0 = grow(base0, _numel(shape(g0)), taken)
         outs = region_io(list(base0) + epi0)[1]
