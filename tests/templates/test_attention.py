@@ -208,3 +208,21 @@ def test_layout_reads_batch_dims_without_copying():
     assert _layout(x.transpose(2, 3), 6, 4, 5) == (2, 3, 0, 60, 4, 1, 12)
     assert _layout(torch.empty(4, 6)[:, :4], 1, 4, 4) == (1, 1, 0, 0, 0, 6, 1)
     assert _layout(torch.empty(4, 4).t(), 1, 2, 8) is None
+
+
+def test_the_generated_operand_works_out_a_layout_once_per_shape_and_strides():
+    from kernelevolve.templates.attention.render import _helpers
+
+    env: dict = {}
+    exec(_helpers("k0"), env)
+    x = torch.empty(2, 5, 3, 4).transpose(1, 2)
+    assert env["k0_operand"](x, 6, 5, 4)[1] == (2, 3, 0, 60, 4, 12, 1)
+    assert env["k0_operand"](x.contiguous(), 6, 5, 4)[1] == (1, 6, 0, 0, 20, 4, 1)  # same shape, new strides
+    assert env["k0_operand"](x, 6, 5, 4)[1] == (2, 3, 0, 60, 4, 12, 1)
+    t = torch.arange(16.0).reshape(4, 4).t()
+    for _ in range(2):  # a copy on every call, the cached answer or not
+        y, lay = env["k0_operand"](t, 1, 2, 8)
+        assert y.is_contiguous() and torch.equal(y.flatten(), t.reshape(-1)) and lay == (1, 1, 0, 0, 0, 8, 1)
+    assert len(env["k0_LAYOUTS"]) == 4
+    with pytest.raises(ValueError, match="expected 1x2x4"):
+        env["k0_operand"](t, 1, 2, 4)

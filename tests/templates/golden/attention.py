@@ -36,6 +36,9 @@ def _cdiv(a, b):
     return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
 
 
+k0_attention_LAYOUTS = {}  # (shape, strides, z, m, k) -> layout, or None where the operand needs a copy
+
+
 def k0_attention_layout(x, z, m, k):
     """(n1, n2, s0, s1, s2, sm, sk): ``x`` read as [z, m, k], z split over three strided dims; None if it cannot."""
     dims = [(s, st) for s, st in zip(x.shape, x.stride()) if s != 1]
@@ -62,12 +65,14 @@ def k0_attention_layout(x, z, m, k):
 
 
 def k0_attention_operand(x, z, m, k):
-    if x.numel() != z * m * k:
-        raise ValueError(f"expected {z}x{m}x{k} elements, got shape {tuple(x.shape)}")
-    lay = k0_attention_layout(x, z, m, k)
+    key = (x.shape, x.stride(), z, m, k)  # worked out once per shape and strides, not on every call
+    lay = k0_attention_LAYOUTS.get(key, False)
+    if lay is False:
+        if x.numel() != z * m * k:
+            raise ValueError(f"expected {z}x{m}x{k} elements, got shape {tuple(x.shape)}")
+        lay = k0_attention_LAYOUTS[key] = k0_attention_layout(x, z, m, k)
     if lay is None:  # batch dims that three strides cannot express: one copy, as the reference's reshape makes
-        x = x.reshape(z, m, k)
-        lay = k0_attention_layout(x, z, m, k)
+        return k0_attention_operand(x.reshape(z, m, k), z, m, k)
     return x, lay
 
 
@@ -174,14 +179,11 @@ k0_attention_UPCAST = type(k0_attention_kernel).__name__ == "InterpretedFunction
 
 def k0_attention(*inputs):
     q = inputs[0]
-    q = torch.ops.aten.expand.default(q, [1, 2, 37, 16])
     q, q_lay = k0_attention_operand(q, 2, 37, 16)
     k = inputs[1]
     k = torch.ops.aten.permute.default(k, [0, 1, 3, 2])
-    k = torch.ops.aten.expand.default(k, [1, 2, 16, 37])
     k, k_lay = k0_attention_operand(k, 2, 16, 37)
     v = inputs[2]
-    v = torch.ops.aten.expand.default(v, [1, 2, 37, 16])
     v, v_lay = k0_attention_operand(v, 2, 37, 16)
     out = torch.empty([1, 2, 37, 16], device=q.device, dtype=torch.float32)
     grid = (_cdiv(37, 64) * 2,)

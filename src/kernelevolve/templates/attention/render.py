@@ -39,19 +39,26 @@ def _layout(x, z, m, k):
     return batch[1][0], batch[2][0], batch[0][1], batch[1][1], batch[2][1], inner[1], inner[0]
 
 
+_LAYOUTS: dict = {}  # (shape, strides, z, m, k) -> layout, or None where the operand needs a copy
+
+
 def _operand(x, z, m, k):
-    if x.numel() != z * m * k:
-        raise ValueError(f"expected {z}x{m}x{k} elements, got shape {tuple(x.shape)}")
-    lay = _layout(x, z, m, k)
+    key = (x.shape, x.stride(), z, m, k)  # worked out once per shape and strides, not on every call
+    lay = _LAYOUTS.get(key, False)
+    if lay is False:
+        if x.numel() != z * m * k:
+            raise ValueError(f"expected {z}x{m}x{k} elements, got shape {tuple(x.shape)}")
+        lay = _LAYOUTS[key] = _layout(x, z, m, k)
     if lay is None:  # batch dims that three strides cannot express: one copy, as the reference's reshape makes
-        x = x.reshape(z, m, k)
-        lay = _layout(x, z, m, k)
+        return _operand(x.reshape(z, m, k), z, m, k)
     return x, lay
 
 
 def _helpers(name: str) -> str:
-    src = inspect.getsource(_layout) + "\n\n" + inspect.getsource(_operand)
-    return src.replace("_layout(", f"{name}_layout(").replace("def _operand(", f"def {name}_operand(")
+    src = "\n\n".join(inspect.getsource(f) for f in (_layout, _operand))
+    src = src.replace("_layout(", f"{name}_layout(").replace("_operand(", f"{name}_operand(")
+    return f"{name}_LAYOUTS = {{}}  # (shape, strides, z, m, k) -> layout, or None where the operand needs a copy\n\n\n" \
+        + src.replace("_LAYOUTS", f"{name}_LAYOUTS")
 
 
 # ---- rendering ---------------------------------------------------------------------------------------------------

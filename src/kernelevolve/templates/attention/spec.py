@@ -239,9 +239,16 @@ def _operand_code(role: str, chain: list[fx.Node], to: torch.dtype, fold: bool) 
     return lines, 1.0
 
 
+def _identity(n: fx.Node) -> bool:
+    """An expand to its input's own shape: a view the launcher need not make on every call."""
+    src = n.args[0] if n.args else None
+    shape = lambda node: tuple(node.meta["val"].shape) if "val" in getattr(node, "meta", {}) else None  # noqa: E731
+    return op_name(n) == "expand" and isinstance(src, fx.Node) and shape(src) is not None and shape(src) == shape(n)
+
+
 def _replay(var: str, chain: list[fx.Node]) -> list[str]:
     """Launcher lines redoing the chain's views on the runtime source (trailing reshapes are read by strides)."""
-    ops = [n for n in chain[1:] if op_name(n) in REPLAY_OPS and op_name(n) not in SAME]
+    ops = [n for n in chain[1:] if op_name(n) in REPLAY_OPS and op_name(n) not in SAME and not _identity(n)]
     while ops and op_name(ops[-1]) in RESHAPES:
         ops.pop()
     lines = []
