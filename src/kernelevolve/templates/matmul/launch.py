@@ -318,7 +318,7 @@ def fused_launcher(name: str, match: Match, s0: dict[str, Any], s1: dict[str, An
         f"    e0, _, _ = {name}_{s0['tag']}_prep(Bt, M, H, a.device, {params})",
         f"    e1, o, views = {name}_{s1['tag']}_prep(Bt, M, N, a.device, {params})",
         f"    {name}_kernel[(_cdiv(M, {bm}), Bt)](a, b, c, *e0, *e1, *o, M, K, H, N, {strides},",
-        f"        BLOCK_M={bm}, BLOCK_K={bk}, BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_N={cfg['BLOCK_N']},",
+        f"        BLOCK_M={bm}, BLOCK_K={bk}, BLOCK_H=max(16, 1 << (H - 1).bit_length()), BLOCK_N={cfg['BLOCK_N']},",
         f"        EVEN_K=K % {bk} == 0, UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "
         f"num_stages={cfg['num_stages']})",
         f"    return ({''.join(views[f'x_{o.name}'] + ', ' for o in match.outputs)})"])
