@@ -237,6 +237,16 @@ class ModelNew(Model):
     assert t.graph_ms is not None and t.graph_ms < 0.1  # replayed, the Python is gone
 
 
+def test_a_gpu_win_must_be_more_than_a_tick_of_the_clock() -> None:
+    """The reference against itself on an H100, a ~10 us call: 2% apart in every round, 0.2 us, below what CUDA
+    events resolve. The same 2% of a 1 ms call is a win."""
+    from kernelevolve.evaluate.headtohead import GPU_FLOOR_MS
+
+    tiny = {CANDIDATE: [0.01035] * 10, "eager": [0.01055] * 10}
+    assert decide(tiny).wins and not decide(tiny, floor_ms=GPU_FLOOR_MS).wins
+    assert decide({CANDIDATE: [1.0] * 10, "eager": [1.02] * 10}, floor_ms=GPU_FLOOR_MS).wins
+
+
 def test_a_cpu_win_clears_a_wider_margin() -> None:
     """8% in every round is a win on the GPU's margin and not on the CPU's, where two processes of one program
     differ by that much."""

@@ -20,8 +20,8 @@ import torch
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate import devshare
 from kernelevolve.evaluate.checks import compare_outputs
-from kernelevolve.evaluate.headtohead import (BASELINES, CANDIDATE, COMPILE_OPTIONS, CPU_MARGIN, MARGIN, SIDES, HeadToHead,
-                                              decide)
+from kernelevolve.evaluate.headtohead import (BASELINES, CANDIDATE, COMPILE_OPTIONS, CPU_MARGIN, GPU_FLOOR_MS, MARGIN,
+                                              SIDES, HeadToHead, decide)
 from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
@@ -574,8 +574,9 @@ class Evaluator:
             raise HeadToHeadError(f"a process {e}") from None
         except torch.OutOfMemoryError as e:  # the parent's check of a round's outputs, beside the sides' sets
             raise HeadToHeadError(f"out of memory checking the outputs: {str(e).splitlines()[0][:200]}") from None
-        return decide(medians, self.config.timing.clock, notes,
-                      CPU_MARGIN if self.config.device == "cpu" else MARGIN)
+        cpu = self.config.device == "cpu"
+        return decide(medians, self.config.timing.clock, notes, CPU_MARGIN if cpu else MARGIN,
+                      0.0 if cpu else GPU_FLOOR_MS)
 
     def _round(self, child: Child, seeds: list[int], gpu: int | None, check: bool) -> float:
         """One round of a side's timed calls; its median (to device idle where work outlived the calling stream)."""

@@ -29,6 +29,10 @@ CONFIDENCE = 0.95
 # head-to-head; what they cannot see (a process's own offset, a few tenths of a percent on a GPU, a percent or two
 # on a busy CPU even with layouts redrawn each round) this covers. A kernel 1% faster is not worth shipping.
 MARGIN = 0.01
+# On a GPU the candidate must also be faster by more than CUDA events resolve (about half a microsecond): two
+# processes of one ~10 us call (three tiny kernels) read 0.01035 and 0.01054 ms over 10 rounds on an H100, a "win" of
+# 1.03x [1.03-1.04] of the reference over itself that is one tick of the clock.
+GPU_FLOOR_MS = 0.0005
 # On the CPU two processes of one program can differ by several percent however their rounds interleave (the
 # reference against itself read 1.08x [1.05-1.11] once on a 2-core machine): a CPU win must clear this instead.
 CPU_MARGIN = 0.10
@@ -113,11 +117,12 @@ def _bounds(values: list[float]) -> tuple[float, float]:
 
 
 def decide(round_ms: dict[str, list[float]], clock: str = "call", notes: dict[str, str] | None = None,
-           margin: float = MARGIN) -> HeadToHead:
+           margin: float = MARGIN, floor_ms: float = 0.0) -> HeadToHead:
     """The head-to-head's verdict from each side's round medians (``round_ms[side][i]``, the same rounds for every
     side): the best baseline is the one of lowest median, and the candidate is the answer only where the lower bound
-    of its speedup over that baseline is above 1 + ``margin`` (MARGIN; CPU_MARGIN on the CPU). Every speedup
-    reported is the answer's, over each baseline."""
+    of its speedup over that baseline is above 1 + ``margin`` (MARGIN; CPU_MARGIN on the CPU) and its median is
+    faster by more than ``floor_ms`` (GPU_FLOOR_MS on a GPU: what the clock resolves). Every speedup reported is the
+    answer's, over each baseline."""
     if CANDIDATE not in round_ms:
         raise ValueError("a head-to-head needs the candidate's rounds")
     baselines = [b for b in round_ms if b != CANDIDATE and round_ms[b]]
@@ -127,7 +132,7 @@ def decide(round_ms: dict[str, list[float]], clock: str = "call", notes: dict[st
     best = min(baselines, key=lambda b: ms[b])
     vs_best = _ratios(round_ms, best, CANDIDATE)
     low, high = _bounds(vs_best)
-    answer = CANDIDATE if low > 1.0 + margin else best
+    answer = CANDIDATE if low > 1.0 + margin and ms[best] - ms[CANDIDATE] > floor_ms else best
     speedup, lows, highs = {}, {}, {}
     for b in baselines:
         ratios = _ratios(round_ms, b, answer) if b != answer else [1.0] * len(round_ms[b])
