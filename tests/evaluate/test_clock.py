@@ -200,11 +200,15 @@ def test_the_reference_as_its_own_candidate_reads_one_on_the_gpu(tmp_path: Path,
     r = r.with_baseline(ev.baseline(compiled=False))
     # Separate timings of a ~0.01 ms call (three tiny kernels) in two processes differed by more than 5% in two of
     # three H200 runs (2026-12-04, the failing side switching between the call and the graph clock): those get 15%.
-    # The interleaved rounds of the head-to-head, which decide the answer, are held to 3% at every size.
-    bound = 0.15 if rows * cols < 1 << 20 else 0.05
+    # The interleaved rounds of the head-to-head, which decide the answer, never make it a win; their median is held
+    # to 3%, but for the tiny call, where one tick of CUDA events (~0.5 us) is 5%: an H100 read 1.06x [0.99-1.13]
+    # (2026-12-06), and 1.03x [1.03-1.04] before a GPU win had to clear the clock's resolution.
+    tiny = rows * cols < 1 << 20
+    bound = 0.15 if tiny else 0.05
     assert 1 - bound < r.speedup_eager < 1 + bound, (t, r.speedup_eager)
     h = ev.head_to_head(as_candidate(source), ["eager"])
-    assert not h.wins and 0.97 < h.candidate_vs_best[0] < 1.03, h.line()
+    near = 0.15 if tiny else 0.03
+    assert not h.wins and 1 - near < h.candidate_vs_best[0] < 1 + near, h.line()
 
 
 
