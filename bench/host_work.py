@@ -41,21 +41,15 @@ class _NoLaunch:
 def host_us(path: Path, calls: int, loops: int) -> dict[str, Any]:
     import torch
 
-    from kernelevolve.problem import import_module_from_path, load_problem, make_inputs
-    from kernelevolve.propose.base import ProposalContext
-    from kernelevolve.propose.template import TemplateProposer
-    from kernelevolve.templates.base import load_source
+    from kernelevolve.problem import import_module_from_path, make_inputs
     from tests.benchsuite import load_suite
 
     small = load_suite().write_small_copy(path, Path(tempfile.mkdtemp()))
-    cands = TemplateProposer("cuda", seed=0).propose(ProposalContext(load_problem(small, "cpu"), "cuda", None, []), 1)
-    if not cands:
+    built = _template_module(small, "cpu")
+    if built is None:
         return {"problem": path.stem, "error": "no template candidate"}
-    module = load_source(cands[0].source, f"host_work_{path.stem}")
-    kernels = [name for name in dir(module) if hasattr(getattr(module, name), "fn")
-               and hasattr(getattr(module, name), "__getitem__")]
-    for name in kernels:
-        setattr(module, name, _NoLaunch())
+    cand, module = built
+    stubbed = _stub_launches(module)
     ref = import_module_from_path(small, f"host_work_ref_{path.stem}")
     model = module.ModelNew(*ref.get_init_inputs())
     inputs = make_inputs(ref, 0)
@@ -68,7 +62,7 @@ def host_us(path: Path, calls: int, loops: int) -> dict[str, Any]:
             for _ in range(calls):
                 model(*inputs)
             times.append((time.perf_counter() - t0) / calls * 1e6)
-    return {"problem": path.stem, "regions": len(cands[0].meta["configs"]), "stubbed": len(kernels),
+    return {"problem": path.stem, "regions": len(cand.meta["configs"]), "stubbed": stubbed,
             "host_us": round(min(times), 1), "loops_us": [round(t, 1) for t in times]}
 
 

@@ -242,8 +242,9 @@ def _operand_code(role: str, chain: list[fx.Node], to: torch.dtype, fold: bool) 
 def _identity(n: fx.Node) -> bool:
     """An expand to its input's own shape: a view the launcher need not make on every call."""
     src = n.args[0] if n.args else None
-    shape = lambda node: tuple(node.meta["val"].shape) if "val" in getattr(node, "meta", {}) else None  # noqa: E731
-    return op_name(n) == "expand" and isinstance(src, fx.Node) and shape(src) is not None and shape(src) == shape(n)
+    if op_name(n) != "expand" or not isinstance(src, fx.Node) or "val" not in src.meta or "val" not in n.meta:
+        return False
+    return tuple(src.meta["val"].shape) == tuple(n.meta["val"].shape)
 
 
 def _replay(var: str, chain: list[fx.Node]) -> list[str]:
