@@ -178,3 +178,37 @@ def test_bad_cases_are_otherwise_valid(tmp_path):
     path = tmp_path / "template.py"
     path.write_text(textwrap.dedent(_variant()))
     assert load_problem(path).name == "template"
+
+
+ROUNDED = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(10, 4).to(torch.bfloat16))
+
+    def forward(self, idx, x):
+        gathered = self.table[idx].float() * 2 + 1  # a gather then a cast up: nothing rounded to bfloat16
+        summed = (x.to(torch.bfloat16) * 3).sum(-1).float()  # bfloat16 arithmetic, read as float32
+        return gathered, summed, x.sum(-1), (x.half() * 2).half()
+
+
+def get_inputs():
+    return [torch.randint(0, 10, (5,)), torch.randn(5, 7)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_each_output_knows_the_least_precise_dtype_the_reference_rounded_it_in(tmp_path):
+    path = tmp_path / "rounded.py"
+    path.write_text(ROUNDED)
+    p = load_problem(path)
+    assert p.output_dtypes == ("float32", "float32", "float32", "float16")
+    # only where an op rounded to a dtype less precise than the output's own; a half output is judged as half anyway
+    assert p.rounded_in == ("", "bfloat16", "", "")

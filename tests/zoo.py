@@ -130,6 +130,13 @@ FORMULATIONS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
                              "    ids = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)\n"
                              "    out = torch.zeros(lengths.numel(), v.shape[1], dtype=v.dtype)\n"
                              "    return out.index_put((ids,), v, accumulate=True)", "JAGGED_LENGTHS", F32),
+    "jagged_mean_lengths_from_offsets": ("segment_reduction", "def forward(self, v, offsets):\n"
+                                         "    lengths = offsets[1:] - offsets[:-1]\n"
+                                         "    ids = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)\n"
+                                         "    out = torch.zeros(lengths.numel(), v.shape[1], dtype=v.dtype)\n"
+                                         "    out.index_add_(0, ids, v)\n"
+                                         "    return out / lengths.clamp(min=1).unsqueeze(1).to(v.dtype)",
+                                         "JAGGED_OFFSETS", F32),
     "jagged_sum_lengths": ("segment_reduction", "def forward(self, v, lengths):\n"
                            "    return torch.segment_reduce(v, 'sum', lengths=lengths)", "JAGGED_LENGTHS", F32),
     "jagged_sum_bucketize": ("segment_reduction", "def forward(self, v, offsets):\n"

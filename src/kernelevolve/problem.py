@@ -9,6 +9,7 @@ A problem file defines ``class Model(nn.Module)``, ``get_inputs()`` (CPU tensors
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import random
@@ -20,6 +21,8 @@ from types import ModuleType
 from typing import Any, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakTensorKeyDictionary
 
 
 # Seeding and drawing use the process-wide generators: evaluation threads drawing for different seeds at once would
@@ -47,6 +50,9 @@ class Problem:
     n_shapes: int = 1
     mutates_inputs: bool = False
     output_dtypes: tuple[str, ...] = ()
+    # per output, the least precise floating dtype an op of the reference rounded a value to on the way to it ("" where
+    # none is less precise than the output's own): a float32 output of a bfloat16 sum is judged at bfloat16's tolerance
+    rounded_in: tuple[str, ...] = ()
     # buffers and parameters the forward writes (running statistics in training mode), by name: judged after a call
     # from the initial state, beside the outputs
     mutated_state: tuple[str, ...] = ()
@@ -223,6 +229,7 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
     shapes = _call(path, "get_extra_inputs()", n_shapes, module)
     model = _call(path, "Model(*get_init_inputs())", build_model, module, "Model", 0).to(device)
     dtypes: tuple[str, ...] = ()
+    rounded: tuple[str, ...] = ()
     mutates = False
     state = _state_marks(model)
     written: set[str] = set()
@@ -231,9 +238,17 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
         inputs = _call(path, "get_inputs()" if k == 0 else f"get_extra_inputs()[{k - 1}]", make_inputs, module, 0, k,
                        device)
         before = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
-        with torch.no_grad():
-            out = _call(path, "Model.forward", model, *inputs)
+        tracker = _Rounding() if k == 0 else None
+        try:
+            with torch.no_grad(), tracker or contextlib.nullcontext():
+                out = model(*inputs)
+        except Exception:  # the forward's own error, or one a dispatch mode causes (a compiled region): once more, plain
+            tracker = None
+            with torch.no_grad():
+                out = _call(path, "Model.forward", model, *inputs)
         outs = as_outputs(out)
+        if tracker is not None:
+            rounded = tuple(tracker.of(o) for o in outs)
         bad = [type(o).__name__ for o in outs if not isinstance(o, torch.Tensor)]
         if bad or not outs:
             raise ProblemError(path, f"forward returned a non-tensor output ({', '.join(bad) or 'empty'})")
@@ -255,6 +270,7 @@ def load_problem(path: str | Path, device: str = "cpu") -> Problem:
         n_shapes=shapes,
         mutates_inputs=mutates,
         output_dtypes=dtypes,
+        rounded_in=rounded,
         mutated_state=tuple(n for n in state if n in written),
     )
 
@@ -336,3 +352,63 @@ def _float_attr(path: Path, module: ModuleType, name: str) -> float | None:
         return float(value)
     except (TypeError, ValueError) as e:
         raise ProblemError(path, f"{name} must be a number, got {value!r}") from e
+
+
+# Ops that move or pick values without rounding them: their results are as precise as their inputs, whatever dtype
+# they carry (a gather of a bfloat16 table then cast to float32 has lost nothing).
+_MOVES = {"view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t", "slice", "select", "index",
+          "index_select", "embedding", "gather", "cat", "stack", "clone", "contiguous", "squeeze", "unsqueeze", "alias",
+          "detach", "lift_fresh", "lift_fresh_copy", "copy", "copy_", "flatten", "unflatten", "split", "chunk",
+          "narrow", "unbind", "as_strided", "repeat", "tile", "flip", "roll", "constant_pad_nd", "zeros", "zeros_like",
+          "ones", "ones_like", "full", "full_like", "empty", "empty_like", "new_zeros", "new_ones", "new_full",
+          "new_empty", "arange", "scalar_tensor", "where", "masked_fill", "_to_copy", "to"}
+_PRECISION = {torch.float64: 3, torch.float32: 2, torch.float16: 1, torch.bfloat16: 0}
+
+
+class _Rounding(TorchDispatchMode):
+    """Follows, through one call of the reference, the least precise floating dtype an op rounded a value to on the
+    way to each tensor: an arithmetic op whose result is float16 or bfloat16 rounds to it (so does a cast down);
+    moves, views and gathers pass their inputs' on. Read once per problem, when it loads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.least: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        try:
+            self._note(func, args, kwargs, out)
+        except Exception:  # only informs the tolerance: an op it cannot follow leaves its result untagged
+            pass
+        return out
+
+    def _note(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        seen = [self.least.get(t) for t in _tensors((args, kwargs)) if t in self.least]
+        name = func.overloadpacket.__name__.rstrip("_") if hasattr(func, "overloadpacket") else ""
+        for t in _tensors(out):
+            if not t.is_floating_point():
+                continue
+            here = list(seen)
+            if name not in _MOVES or (name in ("_to_copy", "to", "copy")
+                                      and _PRECISION.get(t.dtype, 2) < min(map(_precision_of, _tensors(args)),
+                                                                         default=3)):
+                here.append(t.dtype)
+            least = min(here, key=lambda d: _PRECISION.get(d, 2), default=None)
+            if least is not None:
+                self.least[t] = least
+
+    def of(self, out: Any) -> str:
+        """The dtype ``out`` was rounded in where it is less precise than ``out``'s own, else ""."""
+        least = self.least.get(out) if isinstance(out, torch.Tensor) else None
+        if least is None or not out.is_floating_point() or _PRECISION.get(least, 2) >= _PRECISION.get(out.dtype, 2):
+            return ""
+        return str(least).removeprefix("torch.")
+
+
+def _precision_of(t: torch.Tensor) -> int:
+    return _PRECISION.get(t.dtype, 2) if t.is_floating_point() else 3
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [x for x in torch.utils._pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]

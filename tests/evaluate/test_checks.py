@@ -303,3 +303,15 @@ def test_child_process_is_seen():
         p.kill()
         p.wait()
     assert p.pid not in checks.child_processes()
+
+
+def test_an_output_rounded_in_a_lower_precision_is_judged_at_its_tolerance():
+    """A float32 output whose reference went through bfloat16 arithmetic (Problem.rounded_in) is judged at bfloat16's
+    tolerance: a kernel as precise as that reference passes; the same error on a plain float32 output fails."""
+    ref = _ref(torch.float32)
+    off = ref + 0.01 * ref.abs() + 0.004  # about one bfloat16 rounding step away
+    assert compare_outputs((ref,), (off,)) is not None
+    assert compare_outputs((ref,), (off,), rounded_in=("",)) is not None
+    assert compare_outputs((ref,), (off,), rounded_in=("bfloat16",)) is None
+    assert compare_outputs((ref,), (ref + 0.5,), rounded_in=("bfloat16",)) is not None  # still a tolerance
+    assert checks.judged_as(torch.int64, ("bfloat16",), 0) == torch.int64  # integers stay exact

@@ -10,7 +10,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -46,9 +46,18 @@ def tolerance(dtype: torch.dtype, allow_tf32: bool = False, atol: float | None =
     return (default[0] if atol is None else atol, default[1] if rtol is None else rtol)
 
 
+def judged_as(dtype: torch.dtype, rounded_in: Sequence[str], i: int) -> torch.dtype:
+    """The dtype whose tolerance output ``i`` (of ``dtype``) is judged at: its own, or the less precise one the
+    reference rounded it in on the way (Problem.rounded_in: a float32 mean of bfloat16 sums is as precise as they)."""
+    name = rounded_in[i] if i < len(rounded_in) else ""
+    low = getattr(torch, name, None) if name else None
+    return low if isinstance(low, torch.dtype) and low.is_floating_point and dtype.is_floating_point else dtype
+
+
 def compare_outputs(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_tf32: bool = False,
                     atol: float | None = None, rtol: float | None = None,
-                    exact: Callable[[], tuple[torch.Tensor, ...] | None] | None = None) -> str | None:
+                    exact: Callable[[], tuple[torch.Tensor, ...] | None] | None = None,
+                    rounded_in: Sequence[str] = ()) -> str | None:
     """None when ``out`` matches ``ref`` on every element; otherwise a one-line reason with mismatch statistics.
 
     ``exact``: computes the reference in float64 (one tensor per output, or None where it cannot), called only when
@@ -66,7 +75,8 @@ def compare_outputs(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_t
             return f"{name} has shape {tuple(o.shape)}, expected {tuple(r.shape)}"
         if o.dtype != r.dtype:
             return f"{name} has dtype {o.dtype}, expected {r.dtype}"
-        reason = _compare_values(r, o, *tolerance(r.dtype, allow_tf32, atol, rtol), exact=lambda: exact_at(i))
+        tol = tolerance(judged_as(r.dtype, rounded_in, i), allow_tf32, atol, rtol)
+        reason = _compare_values(r, o, *tol, exact=lambda: exact_at(i))
         if reason:
             return f"{name}: {reason}"
     return None

@@ -341,9 +341,9 @@ class Evaluator:
         """compare_outputs with the problem's tolerances; where the outputs are wrong and ``details`` is given, the
         mismatch report goes into it."""
         p = self.problem
-        reason = compare_outputs(ref, outs, p.allow_tf32, p.atol, p.rtol, exact)
+        reason = compare_outputs(ref, outs, p.allow_tf32, p.atol, p.rtol, exact, p.rounded_in)
         if reason and details is not None:
-            details.update(mismatch_details(ref, outs, p.allow_tf32, p.atol, p.rtol, exact))
+            details.update(mismatch_details(ref, outs, p.allow_tf32, p.atol, p.rtol, exact, p.rounded_in))
         return reason
 
     def _check_trial(self, child: Child, cmd: str, shape: int, gpu: int | None, what: str,

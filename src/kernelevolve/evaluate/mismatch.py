@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from kernelevolve.evaluate import checks
-from kernelevolve.evaluate.checks import _Widening, compared_as, exact_per_output, outside_tolerance, tolerance
+from kernelevolve.evaluate.checks import _Widening, compared_as, exact_per_output, judged_as, outside_tolerance, tolerance
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,8 @@ Exact = Callable[[], tuple[torch.Tensor, ...] | None] | None
 
 
 def mismatch_report(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_tf32: bool = False,
-                    atol: float | None = None, rtol: float | None = None, exact: Exact = None) -> dict[str, Any] | None:
+                    atol: float | None = None, rtol: float | None = None, exact: Exact = None,
+                    rounded_in: Sequence[str] = ()) -> dict[str, Any] | None:
     """A JSON-serialisable account of the first output that differs from its reference, judged as compare_outputs
     judges it (same arguments). None when every output matches, or where the outputs differ in number, type, shape
     or dtype: compare_outputs's reason says all there is to say about those."""
@@ -38,18 +39,20 @@ def mismatch_report(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_t
     for i, (r, o) in enumerate(zip(ref, out)):
         if type(o) is not torch.Tensor or o.shape != r.shape or o.dtype != r.dtype:
             return None
-        report = _Scan(r, o, *tolerance(r.dtype, allow_tf32, atol, rtol), lambda i=i: exact_at(i)).run()
+        tol = tolerance(judged_as(r.dtype, rounded_in, i), allow_tf32, atol, rtol)
+        report = _Scan(r, o, *tol, lambda i=i: exact_at(i)).run()
         if report is not None:
             return {"output": i, "outputs": len(ref), **report}
     return None
 
 
 def mismatch_details(ref: tuple[torch.Tensor, ...], out: tuple[Any, ...], allow_tf32: bool = False,
-                     atol: float | None = None, rtol: float | None = None, exact: Exact = None) -> dict[str, Any]:
+                     atol: float | None = None, rtol: float | None = None, exact: Exact = None,
+                     rounded_in: Sequence[str] = ()) -> dict[str, Any]:
     """``{"mismatch": report}`` for the details of a failed comparison, or {} where there is none. The report only
     informs: a failure in making it is logged, and the verdict stands without it."""
     try:
-        report = mismatch_report(ref, out, allow_tf32, atol, rtol, exact)
+        report = mismatch_report(ref, out, allow_tf32, atol, rtol, exact, rounded_in)
     except Exception as e:  # broad on purpose: nothing here may turn a candidate's verdict into the judge's failure
         log.debug("no mismatch report: %s: %s", type(e).__name__, e)
         return {}

@@ -10,6 +10,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, op_name, shape
 from kernelevolve.templates.graphutil import CASTS, ancestors_within, bind, const_value
+from kernelevolve.templates.segment.facts import lengths_of
 from kernelevolve.templates.segment.sources import _from_lengths, _from_offsets, _gather, _segment_ids, _values
 
 BAG_OPS = {"_embedding_bag", "_embedding_bag_forward_only", "embedding_bag"}
@@ -142,18 +143,36 @@ def _sink(node: fx.Node, gm: fx.GraphModule, offsets: bool = True) -> tuple[dict
         roles.update(src[0])
         nodes += src[1]
     if spec["bags"] == "ids":
+        spec["ids_node"] = roles["ids"]  # for the counts beside the pooling (_counts); taken out before the match
         sorted_ids = _from_lengths(roles["ids"], shape(node)[0], gm)
         if sorted_ids is not None:
             spec["bags"] = "lengths"
             roles["lengths"] = sorted_ids[0]
             del roles["ids"]
             nodes += sorted_ids[1]
+            _lengths_as_offsets(spec, roles, nodes)
         elif offsets and (built := _from_offsets(roles["ids"], shape(node)[0], gm)) is not None:
             spec.update(bags="offsets", include_last=built[1], **({"from_zero": True} if built[2] else {}))
             roles["offsets"] = built[0]
             del roles["ids"]
             nodes += built[3]
     return spec, roles, nodes
+
+
+def _lengths_as_offsets(spec: dict, roles: dict, nodes: list[fx.Node]) -> None:
+    """Lengths that are the differences of offsets (``offsets[1:] - offsets[:-1]``, however spelled): the bags are
+    the offsets, last end included. The subtraction joins the region where nothing else reads it; where something does
+    (a mean's divisor), it stays outside, or joins as a count (_counts)."""
+    found = lengths_of(roles["lengths"])
+    if found is None:
+        return
+    offsets, between = found
+    spec.update(bags="offsets", include_last=True)
+    del roles["lengths"]
+    roles["offsets"] = offsets
+    inside = set(between) | set(nodes)
+    if all(u in inside for n in between for u in n.users):
+        nodes += [n for n in between if n not in nodes]
 
 
 def _normalise(spec: dict, roles: dict, nodes: list[fx.Node], gm: fx.GraphModule) -> None:

@@ -10,6 +10,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, op_name, shape
 from kernelevolve.templates.graphutil import CASTS, ancestors_within, bind, const_value, view_chain, view_map
+from kernelevolve.templates.segment.facts import lengths_near, only_used_within
 
 
 def _gather(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
@@ -149,33 +150,25 @@ def _slice_range(node: Any, source: fx.Node) -> range | None:
     return range(shape(source)[0])[b["start"]:b["end"]:b["step"]] if b["dim"] in (0, -1) else None
 
 
-def _counts(spec: dict, roles: dict, nodes: list[fx.Node]) -> list[list[fx.Node]]:
+def _counts(spec: dict, roles: dict, nodes: list[fx.Node], ids: fx.Node | None) -> list[list[fx.Node]]:
     """Per-bag values the graph computes beside the pooling that equal ``end - start`` of each bag: the
-    ``bincount(ids, minlength=S)`` of offset-built or length-built ids, or ``offsets[1:] - offsets[:-1]`` (``diff``)
-    when the offsets hold the last end. Each is [count node, the nodes under it]; in the kernel they are ``n``."""
-    if spec["bags"] == "lengths" and roles.get("lengths") is not None and spec.get("padding_idx") is None:
-        n_bags = shape(roles["lengths"])[0]  # bincount(repeat_interleave(lengths), minlength=S) is the lengths
-        return [[u] for ids in nodes if op_name(ids) in ("repeat_interleave", "index_select") for u in ids.users
-                if op_name(u) == "bincount" and bind(u)["weights"] is None and bind(u)["minlength"] == n_bags
-                and shape(u) == (n_bags,)]
-    off = roles.get("offsets")
-    if spec["bags"] != "offsets" or off is None or spec.get("padding_idx") is not None:
+    ``bincount(ids, minlength=S)`` of the sorted segment ids ``ids`` (or of the ``repeat_interleave`` under them), or,
+    when the offsets hold the last end, their differences however spelled (facts.lengths_of). Each is [count node,
+    the nodes under it]; in the kernel they are ``n``."""
+    if spec.get("padding_idx") is not None or spec["bags"] not in ("lengths", "offsets"):
         return []
-    n_off = shape(off)[0]
-    n_bags = n_off - int(bool(spec.get("include_last")))
+    bags = roles.get("lengths") if spec["bags"] == "lengths" else roles.get("offsets")
+    if bags is None:
+        return []
+    n_bags = shape(bags)[0] - int(spec["bags"] == "offsets" and bool(spec.get("include_last")))
     inside = set(nodes)
-    found = []
-    for ids in nodes:
-        if op_name(ids) == "sub" and op_name(ids.args[0]) in ("searchsorted", "bucketize") and ids.args[0] in inside:
-            for u in ids.users:
-                b = bind(u) if op_name(u) == "bincount" else {}
-                if b and b["weights"] is None and b["minlength"] == n_bags and shape(u) == (n_bags,):
-                    found.append([u])
-    if spec.get("include_last"):
-        for u in {u for sl in off.users if op_name(sl) == "slice" for u in sl.users}:
-            if op_name(u) != "sub" or len(u.args) != 2 or u.kwargs.get("alpha", 1) != 1:
-                continue
-            hi, lo = _slice_range(u.args[0], off), _slice_range(u.args[1], off)
-            if hi == range(1, n_off) and lo == range(0, n_off - 1) and all(len(a.users) == 1 for a in u.args):
-                found.append([u, *u.args])
+    sources = ([ids] if ids is not None and ids in inside else []) \
+        + [n for n in nodes if op_name(n) == "repeat_interleave"]
+    found = [[u] for src in dict.fromkeys(sources) for u in src.users
+             if op_name(u) == "bincount" and bind(u)["weights"] is None and bind(u)["minlength"] == n_bags
+             and shape(u) == (n_bags,) and u not in inside]
+    if spec["bags"] == "offsets" and spec.get("include_last"):
+        for head, between in lengths_near(bags):
+            if head not in inside and only_used_within(set(between), head):
+                found.append([head, *(n for n in between if n is not head and n not in inside)])
     return found

@@ -66,7 +66,7 @@ def _row_prologue(node: fx.Node, n_bags: int, taken: set[fx.Node], inside: set[f
         return []
     if not all(u in inside for u in node.users):
         return []
-    if op_name(node) in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze") or can_emit(node):
+    if op_name(node) in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze") or _whole(node) or can_emit(node):
         out = [node]
         for a in node.all_input_nodes:
             if math.prod(shape(a)) not in (1, n_bags):
@@ -74,6 +74,11 @@ def _row_prologue(node: fx.Node, n_bags: int, taken: set[fx.Node], inside: set[f
             out += _row_prologue(a, n_bags, taken, inside | {node})
         return out
     return []
+
+
+def _whole(node: fx.Node) -> bool:
+    """A slice that keeps all of its source (``counts[:, None]`` slices dim 0 whole before the unsqueeze)."""
+    return op_name(node) == "slice" and isinstance(node.args[0], fx.Node) and shape(node) == shape(node.args[0])
 
 
 def _sides(match: Match, core: set[fx.Node], tile: tuple[int, ...], axes: tuple[int, int]) -> dict | None:
@@ -116,8 +121,9 @@ class SegmentTemplate:
         if found is None:
             return None
         spec, roles, nodes = found
+        ids = spec.pop("ids_node", None)
         _normalise(spec, roles, nodes, gm)
-        found_counts = _counts(spec, roles, nodes) if counts else []
+        found_counts = _counts(spec, roles, nodes, ids) if counts else []
         if counts and not found_counts:
             return None
         heads = [c[0] for c in found_counts]
@@ -142,8 +148,8 @@ class SegmentTemplate:
             if match is None or any(shape(o) != tile for o in match.outputs):
                 continue
             sides = _sides(match, set(core), tile, axes)
-            if sides is None:
-                continue
+            if sides is None or any(v not in match.inputs for v in roles.values()):
+                continue  # a conflict, or a role the region computes itself (the kernel reads roles as inputs)
             match.spec = dict(spec, roles={k: match.inputs.index(v) for k, v in roles.items()}, sides=sides,
                               pooled=pooled.name, tile=list(tile), D=tile[-1], S=tile[0],
                               epilogue=[n.name for n in match.nodes if n not in core])
