@@ -148,6 +148,127 @@ def _problem(given: str, source: str, body: list[str], rng: random.Random) -> tu
             f"    return [{make_rows}, {bag_input}]\n\n\ndef get_init_inputs():\n    return []\n"), dtype)
 
 
-def spellings(count: int, seed: int) -> list[Spelling]:
+# --- row reductions (the ``row_reduction`` family): softmax, log-softmax, logsumexp, LayerNorm, RMSNorm, sums -------
+ROW_MAX = ("x.amax({d}, keepdim=True)", "x.max({d}, keepdim=True).values", "torch.max(x, {d}, keepdim=True)[0]",
+           "x.max({d}).values.unsqueeze({d})", "torch.amax(x, dim={d}, keepdim=True)")
+ROW_SHIFT = ("x - m", "x.sub(m)", "torch.sub(x, m)", "-(m - x)")
+ROW_EXP = ("torch.exp(z)", "z.exp()")
+ROW_SUM = ("e.sum({d}, keepdim=True)", "torch.sum(e, dim={d}, keepdim=True)", "e.sum({d}).unsqueeze({d})",
+           "e.sum(dim={d}, keepdim=True)")
+ROW_NORMALIZE = ("e / s", "e * (1.0 / s)", "e * s.reciprocal()", "torch.div(e, s)")
+ROW_LOG = ("z - torch.log(s)", "z - s.log()", "torch.sub(z, s.log())")
+SOFTMAX_CALLS = ("F.softmax(x, dim={d})", "x.softmax({d})", "torch.softmax(x, dim={d})", "torch.exp(F.log_softmax(x, {d}))")
+LOG_SOFTMAX_CALLS = ("F.log_softmax(x, dim={d})", "x.log_softmax({d})", "x - torch.logsumexp(x, {d}, keepdim=True)")
+MEAN = ("x.mean({d}, keepdim=True)", "x.sum({d}, keepdim=True) / x.shape[{d}]", "torch.mean(x, {d}, True)")
+VAR = ("((x - mu) ** 2).mean({d}, keepdim=True)", "x.var({d}, unbiased=False, keepdim=True)",
+       "(xc * xc).mean({d}, keepdim=True)", "xc.pow(2).mean({d}, keepdim=True)",
+       "torch.var(x, {d}, correction=0, keepdim=True)")
+NORMALIZE = ("xc / torch.sqrt(var + {eps})", "xc * torch.rsqrt(var + {eps})", "(x - mu) / (var + {eps}).sqrt()")
+RMS = ("x * torch.rsqrt(x.pow(2).mean({d}, keepdim=True) + {eps})", "x / torch.sqrt((x * x).mean({d}, keepdim=True) + {eps})",
+       "x * (x.square().mean({d}, keepdim=True) + {eps}).rsqrt()")
+ROW_SUMS = ("x.sum({d})", "torch.sum(x, dim={d})", "x.mean({d})", "torch.logsumexp(x, {d})", "x.amax({d})",
+            "x.sum({d}, keepdim=True) * 2.0")
+
+
+def row(rng: random.Random, i: int) -> Spelling:
+    """One spelling of a row reduction over the last dim (or dim 1 of a 2-D input), drawn from ``rng``."""
+    what = rng.choice(("softmax", "log_softmax", "layernorm", "rmsnorm", "reduce"))
+    rank = rng.choice((2, 2, 3))
+    d = rng.choice(("-1", "1" if rank == 2 else "2"))
+    eps = rng.choice(("1e-5", "1e-6"))
+    choices: list[str] = [what, f"rank{rank}", f"dim{d}"]
+
+    def pick(name: str, table: tuple[str, ...]) -> str:
+        k = rng.randrange(len(table))
+        choices.append(f"{name}{k}")
+        return table[k].format(d=d, eps=eps)
+
+    body: list[str] = []
+    up = rng.random() < 0.3  # computed in float32 from a half input, the result cast back
+    if up:
+        choices.append("up")
+        body.append("dt = x.dtype")
+        body.append("x = x.float()")
+    if what in ("softmax", "log_softmax"):
+        calls = SOFTMAX_CALLS if what == "softmax" else LOG_SOFTMAX_CALLS
+        if rng.random() < 0.4:
+            body.append(f"y = {pick('call', calls)}")
+        else:
+            body += [f"m = {pick('max', ROW_MAX)}", f"z = {pick('shift', ROW_SHIFT)}", f"e = {pick('exp', ROW_EXP)}",
+                     f"s = {pick('sum', ROW_SUM)}"]
+            body.append(f"y = {pick('normalize', ROW_NORMALIZE)}" if what == "softmax" else f"y = {pick('log', ROW_LOG)}")
+    elif what == "layernorm":
+        body += [f"mu = {pick('mean', MEAN)}", "xc = x - mu", f"var = {pick('var', VAR)}",
+                 f"y = {pick('norm', NORMALIZE)}"]
+        if rng.random() < 0.5:
+            choices.append("affine")
+            body.append("y = y * self.w + self.b")
+    elif what == "rmsnorm":
+        body.append(f"y = {pick('rms', RMS)}")
+        if rng.random() < 0.5:
+            choices.append("affine")
+            body.append("y = y * self.w")
+    else:
+        body.append(f"y = {pick('reduce', ROW_SUMS)}")
+    body.append("return y.to(dt)" if up else "return y")
+    rows, cols = rng.choice((1, 3, 17, 33)), rng.choice((7, 40, 100, 257, 1000))
+    dtype = rng.choice(("float32", "float32", "bfloat16", "float16"))
+    if up and dtype == "float32":
+        dtype = "bfloat16"
+    shape = f"{rows}, {cols}" if rank == 2 else f"2, {rows}, {cols}"
+    init = ""
+    if "affine" in choices:
+        init = ("    def __init__(self):\n        super().__init__()\n"
+                f"        self.w = nn.Parameter(torch.randn({cols}))\n"
+                f"        self.b = nn.Parameter(torch.randn({cols}))\n")
+        if not up:
+            init += f"        self.to(torch.{dtype})\n"
+        init += "\n"
+    forward = "    def forward(self, x):\n" + "".join(f"        {line}\n" for line in body)
+    text = (HEAD + "\n\nclass Model(nn.Module):\n" + init + forward + "\n\n"
+            f"def get_inputs():\n    return [torch.randn({shape}).to(torch.{dtype})]\n\n\n"
+            "def get_init_inputs():\n    return []\n")
+    return Spelling(f"{i:03d}-" + "-".join(choices + [dtype]), "row_reduction", text)
+
+
+# --- GEMMs with an epilogue (the ``matmul`` family): a Linear however written, then bias, activation, scale ----------
+LINEAR = ("F.linear(x, self.w, self.b)", "x @ self.w.t() + self.b", "torch.addmm(self.b, x, self.w.t())",
+          "torch.matmul(x, self.w.transpose(0, 1)) + self.b", "self.b + x.mm(self.w.T)", "self.fc(x)")
+LINEAR_3D = ("F.linear(x, self.w, self.b)", "x @ self.w.t() + self.b", "torch.matmul(x, self.w.transpose(0, 1)) + self.b",
+             "self.fc(x)", "(x.reshape(-1, x.shape[-1]) @ self.w.t() + self.b).view(*x.shape[:-1], -1)")
+ACTIVATIONS = ("torch.relu(h)", "F.relu(h)", "h.clamp(min=0)", "torch.clamp_min(h, 0.0)", "torch.where(h > 0, h, 0.0)",
+               "F.gelu(h)", "h * 0.5 * (1.0 + torch.erf(h / 1.4142135623730951))", "F.gelu(h, approximate='tanh')",
+               "F.silu(h)", "h * torch.sigmoid(h)", "torch.sigmoid(h)", "torch.tanh(h)", "F.leaky_relu(h, 0.1)", "h")
+AFTER = ("y", "y * 0.5", "y + 1.0", "y * self.scale", "y.to(x.dtype)")
+
+
+def gemm(rng: random.Random, i: int) -> Spelling:
+    """One spelling of a Linear with a pointwise epilogue, drawn from ``rng``."""
+    rank = rng.choice((2, 2, 3))
+    table = LINEAR if rank == 2 else LINEAR_3D
+    k_lin, k_act, k_after = rng.randrange(len(table)), rng.randrange(len(ACTIVATIONS)), rng.randrange(len(AFTER))
+    choices = [f"rank{rank}", f"linear{k_lin}", f"act{k_act}", f"after{k_after}"]
+    m, k, n = rng.choice((16, 33, 64, 100)), rng.choice((32, 48, 64, 96)), rng.choice((16, 40, 64, 80))
+    dtype = rng.choice(("float32", "float32", "bfloat16", "float16"))
+    use_fc = table[k_lin] == "self.fc(x)"
+    init = ("    def __init__(self):\n        super().__init__()\n"
+            + (f"        self.fc = nn.Linear({k}, {n})\n" if use_fc else
+               f"        self.w = nn.Parameter(torch.randn({n}, {k}) / {k} ** 0.5)\n"
+               f"        self.b = nn.Parameter(torch.randn({n}))\n")
+            + f"        self.scale = nn.Parameter(torch.rand({n}))\n        self.to(torch.{dtype})\n\n")
+    body = [f"h = {table[k_lin]}", f"y = {ACTIVATIONS[k_act]}", f"return {AFTER[k_after]}"]
+    forward = "    def forward(self, x):\n" + "".join(f"        {line}\n" for line in body)
+    shape = f"{m}, {k}" if rank == 2 else f"2, {m}, {k}"
+    text = (HEAD + "\n\nclass Model(nn.Module):\n" + init + forward + "\n\n"
+            f"def get_inputs():\n    return [torch.randn({shape}).to(torch.{dtype})]\n\n\n"
+            "def get_init_inputs():\n    return []\n")
+    return Spelling(f"{i:03d}-" + "-".join(choices + [dtype]), "matmul", text)
+
+
+FAMILIES = {"segment": segment, "row": row, "gemm": gemm}
+
+
+def spellings(count: int, seed: int, family: str = "segment") -> list[Spelling]:
     rng = random.Random(seed)
-    return [segment(rng, i) for i in range(count)]
+    make = FAMILIES[family]
+    return [make(rng, i) for i in range(count)]

@@ -1,6 +1,8 @@
 """Drawn spellings (tests/spellings.py): the segment family claims every spelling of a jagged sum or mean, and the
-kernel of a drawn sample passes the judge (CPU, Triton interpreter). A fixed draw here; hundreds more, and more judged,
-in the slow tests. A miss names the spelling's choices: make the fact it lacks, not a pattern for it."""
+row-reduction family every spelling of a softmax, log-softmax, norm or row reduction, and the matmul family every
+spelling of a Linear with a pointwise epilogue, each as one region that leaves no op of the graph to ATen, and the kernel of a drawn sample passes the judge (CPU, Triton interpreter). A fixed draw
+here; hundreds more, and more judged, in the slow tests. A miss names the spelling's choices: make the fact it lacks,
+not a pattern for it."""
 from __future__ import annotations
 
 import os
@@ -20,14 +22,21 @@ from tests.spellings import spellings  # noqa: E402
 SEED = int(os.environ.get("KERNELEVOLVE_SPELLING_SEED", "0"))
 
 
-def _misses(tmp_path: Path, count: int, seed: int) -> list[str]:
+FAMILIES = ("segment", "row", "gemm")
+
+
+def _misses(tmp_path: Path, count: int, seed: int, family: str) -> list[str]:
+    """The spellings not claimed whole: one region of the family's kind, and no op of the graph left out of it."""
     misses = []
-    for sp in spellings(count, seed):
+    for sp in spellings(count, seed, family):
         path = tmp_path / f"s{sp.name[:3]}.py"
         path.write_text(sp.source)
         plan = plan_problem(load_problem(path, "cpu"), "cpu")
-        if sp.kind not in [r.match.kind for r in plan.regions]:
-            misses.append(f"{sp.name}: claimed {plan.describe()}; {plan.error or ''} {plan.skipped}")
+        kinds = [r.match.kind for r in plan.regions]
+        claimed = {n for r in plan.regions for n in r.match.nodes}
+        left = [str(n.target) for n in plan.graph.calls() if n not in claimed] if plan.graph is not None else ["?"]
+        if kinds != [sp.kind] or left:
+            misses.append(f"{sp.name}: claimed {plan.describe()}, left {left}; {plan.error or ''} {plan.skipped}")
     return misses
 
 
@@ -42,25 +51,27 @@ def _judged(tmp_path: Path, sp) -> None:
     assert result.ok, f"{sp.name}: {result.status.value}: {result.reason}\n{result.error[-1500:]}\n{sp.source}"
 
 
-def test_the_segment_family_claims_every_drawn_spelling(tmp_path):
-    misses = _misses(tmp_path, 60, SEED)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_drawn_spelling_is_claimed_whole(tmp_path, family):
+    misses = _misses(tmp_path, 60, SEED, family)
     assert not misses, "\n".join(misses)
 
 
-@pytest.mark.parametrize("sp", spellings(60, SEED)[:4], ids=lambda sp: sp.name)
+@pytest.mark.parametrize("sp", [sp for f in FAMILIES for sp in spellings(60, SEED, f)[:4]], ids=lambda sp: sp.name)
 def test_a_drawn_spelling_gets_a_verified_kernel(sp, tmp_path):
     _judged(tmp_path, sp)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_hundreds_of_spellings_are_claimed(tmp_path, seed):
-    misses = _misses(tmp_path, 150, 1000 + seed)
+def test_hundreds_of_spellings_are_claimed_whole(tmp_path, seed, family):
+    misses = _misses(tmp_path, 150, 1000 + seed, family)
     assert not misses, "\n".join(misses)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sp", spellings(40, 2000), ids=lambda sp: sp.name)
+@pytest.mark.parametrize("sp", [sp for f in FAMILIES for sp in spellings(40, 2000, f)], ids=lambda sp: sp.name)
 def test_forty_more_drawn_spellings_verify(sp, tmp_path):
     _judged(tmp_path, sp)
 
@@ -68,6 +79,13 @@ def test_forty_more_drawn_spellings_verify(sp, tmp_path):
 def test_the_draw_covers_every_step():
     """Every way of writing each step appears in a draw of the size the slow tests make."""
     names = " ".join(sp.name for seed in (1001, 1002, 1003, 1004) for sp in spellings(150, seed))
+    rows = " ".join(sp.name for seed in (1001, 1002, 1003, 1004) for sp in spellings(150, seed, "row"))
+    for step in ("softmax", "log_softmax", "layernorm", "rmsnorm", "reduce", "rank2", "rank3", "up", "affine"):
+        assert f"-{step}-" in rows, step
+    gemms = " ".join(sp.name for seed in (1001, 1002, 1003, 1004) for sp in spellings(150, seed, "gemm"))
+    for prefix, n in (("linear", 6), ("act", 14), ("after", 5)):
+        for k in range(n):
+            assert f"-{prefix}{k}-" in gemms, f"{prefix}{k}"
     for step in ("offsets", "lengths", "sum", "mean", "values", "embedding", "index_select", "indexing", "float32",
                  "bfloat16", "float16"):
         assert f"-{step}-" in names or f"-{step} " in names + " ", step

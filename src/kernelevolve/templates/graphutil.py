@@ -29,7 +29,14 @@ def bind(node: fx.Node) -> dict[str, Any]:
 
 
 def is_view(node: Any) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and op_name(node) in VIEW_OPS
+    return isinstance(node, fx.Node) and node.op == "call_function" and (op_name(node) in VIEW_OPS
+                                                                          or whole_slice(node))
+
+
+def whole_slice(node: Any) -> bool:
+    """A slice that keeps all of its source (``ids[:, None]`` slices dim 0 whole before the unsqueeze): a view."""
+    return (isinstance(node, fx.Node) and op_name(node) == "slice" and isinstance(node.args[0], fx.Node)
+            and shape(node) == shape(node.args[0]))
 
 
 def view_chain(node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:

@@ -166,7 +166,11 @@ def grow(base: set[fx.Node], numel: int, taken: set[fx.Node]) -> list[fx.Node]:
         n_out = len(region_io(list(base) + absorbed[:k])[1])
         if n_out <= best:
             best, cut = n_out, k
-    return absorbed[:cut]
+    kept = set(base) | set(absorbed[:cut])
+    # constants the epilogue reads (``torch.where(h > 0, h, 0.0)``'s 0.0) become literals, not tensors made per call
+    consts = [a for a in dict.fromkeys(a for n in absorbed[:cut] for a in tensor_args(n))
+              if op_name(a) == "scalar_tensor" and a not in taken and all(u in kept for u in a.users)]
+    return sorted(consts + absorbed[:cut], key=order.get)
 
 
 def gemm_parts(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None, float, float]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import op_name, shape
-from kernelevolve.templates.graphutil import bind
+from kernelevolve.templates.graphutil import bind, const_value
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,21 @@ def _slice_start(node: fx.Node) -> int | None:
     return kept.start if kept.step == 1 else None
 
 
+_SAME = {"view", "_unsafe_view", "reshape", "expand", "alias", "clone", "contiguous", "slice"}
+
+
+def identity(node: fx.Node) -> bool:
+    """A view or copy that leaves a tensor as it was (a size-1 ``repeat_interleave``'s view and expand of its repeats)."""
+    return (op_name(node) in _SAME and isinstance(node.args[0], fx.Node) and shape(node) == shape(node.args[0])
+            and len(shape(node)) == 1)
+
+
 def shifted(node: fx.Node) -> Shifted:
     """The view of a 1-D tensor that ``node`` is, through unit-step slices and a leading constant pad."""
     name = op_name(node) if isinstance(node, fx.Node) else ""
+    if name and identity(node):
+        inner = shifted(node.args[0])
+        return Shifted(inner.base, inner.shift, inner.lo, inner.nodes + (node,))
     if name == "slice" and len(shape(node)) == 1 and (start := _slice_start(node)) is not None:
         inner = shifted(node.args[0])
         return Shifted(inner.base, inner.shift + start, max(0, inner.lo - start), inner.nodes + (node,))
@@ -59,6 +71,9 @@ def diff(node: fx.Node) -> Diff | None:
     name = op_name(node) if isinstance(node, fx.Node) else ""
     if len(shape(node)) != 1:
         return None
+    if name and identity(node):
+        inner = diff(node.args[0])
+        return None if inner is None else Diff(inner.base, inner.shift, inner.lo, inner.nodes + (node,))
     if name == "slice" and (start := _slice_start(node)) is not None:
         inner = diff(node.args[0])
         if inner is None:
@@ -103,3 +118,24 @@ def lengths_near(offsets: fx.Node, depth: int = 3) -> list[tuple[fx.Node, tuple[
 def only_used_within(nodes: set[fx.Node], keep: fx.Node) -> bool:
     """Whether every user of every node of ``nodes`` but ``keep`` is itself in ``nodes``."""
     return all(u in nodes for n in nodes if n is not keep for u in n.users)
+
+
+def lengths_summed(node: fx.Node, gm: fx.GraphModule) -> tuple[fx.Node, tuple[fx.Node, ...]] | None:
+    """(lengths, the nodes between) where ``node`` [B + 1] is the offsets of bags of those lengths, a zero and then
+    their running sum: ``torch.cat([zeros(1), lengths.cumsum(0)])`` or ``F.pad(lengths.cumsum(0), (1, 0))``."""
+    name = op_name(node) if isinstance(node, fx.Node) else ""
+    if len(shape(node)) != 1:
+        return None
+    if name == "constant_pad_nd" and list(node.args[1]) == [1, 0] and (len(node.args) < 3 or node.args[2] == 0):
+        head, summed = (), node.args[0]
+    elif name == "cat" and len(node.args[0]) == 2 and bind(node).get("dim", 0) in (0, -1):
+        zero, summed = node.args[0]
+        value = const_value(zero, gm)
+        if value is None or value.numel() != 1 or float(value.reshape(-1)[0]) != 0:
+            return None
+        head = (zero,)
+    else:
+        return None
+    if op_name(summed) != "cumsum" or bind(summed)["dim"] not in (0, -1) or len(shape(summed)) != 1:
+        return None
+    return summed.args[0], (*head, summed, node)

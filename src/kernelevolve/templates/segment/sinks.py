@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, op_name, shape
 from kernelevolve.templates.graphutil import CASTS, ancestors_within, bind, const_value
-from kernelevolve.templates.segment.facts import lengths_of
+from kernelevolve.templates.segment.facts import lengths_of, lengths_summed
 from kernelevolve.templates.segment.sources import _from_lengths, _from_offsets, _gather, _segment_ids, _values
 
 BAG_OPS = {"_embedding_bag", "_embedding_bag_forward_only", "embedding_bag"}
@@ -156,7 +156,37 @@ def _sink(node: fx.Node, gm: fx.GraphModule, offsets: bool = True) -> tuple[dict
             roles["offsets"] = built[0]
             del roles["ids"]
             nodes += built[3]
+            if built[1]:
+                _offsets_as_lengths(spec, roles, nodes, gm)
     return spec, roles, nodes
+
+
+def _offsets_as_lengths(spec: dict, roles: dict, nodes: list[fx.Node], gm: fx.GraphModule) -> None:
+    """Offsets made from lengths (a zero, then their running sum): the bags are the lengths, and the kernel's launcher
+    sums them once instead of the graph's cumsum, zeros and cat."""
+    found = lengths_summed(roles["offsets"], gm)
+    if found is None:
+        return
+    lengths, between = found
+    for key in ("include_last", "from_zero"):
+        spec.pop(key, None)
+    spec["bags"] = "lengths"
+    del roles["offsets"]
+    roles["lengths"] = lengths
+    _absorb(nodes, between)
+
+
+def _absorb(nodes: list[fx.Node], between: tuple[fx.Node, ...]) -> None:
+    """Add to ``nodes`` each of ``between`` all of whose users are in them, until none is left to add."""
+    inside = set(nodes)
+    grew = True
+    while grew:
+        grew = False
+        for n in between:
+            if n not in inside and all(u in inside for u in n.users):
+                inside.add(n)
+                nodes.append(n)
+                grew = True
 
 
 def _lengths_as_offsets(spec: dict, roles: dict, nodes: list[fx.Node]) -> None:
@@ -170,9 +200,7 @@ def _lengths_as_offsets(spec: dict, roles: dict, nodes: list[fx.Node]) -> None:
     spec.update(bags="offsets", include_last=True)
     del roles["lengths"]
     roles["offsets"] = offsets
-    inside = set(between) | set(nodes)
-    if all(u in inside for n in between for u in n.users):
-        nodes += [n for n in between if n not in nodes]
+    _absorb(nodes, between)  # from the ids down: the views over the subtraction join even where it stays outside
 
 
 def _normalise(spec: dict, roles: dict, nodes: list[fx.Node], gm: fx.GraphModule) -> None:

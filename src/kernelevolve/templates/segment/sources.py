@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, op_name, shape
 from kernelevolve.templates.graphutil import CASTS, ancestors_within, bind, const_value, view_chain, view_map
-from kernelevolve.templates.segment.facts import lengths_near, only_used_within
+from kernelevolve.templates.segment.facts import identity, lengths_near, only_used_within
 
 
 def _gather(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
@@ -88,10 +88,13 @@ def _from_lengths(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Nod
         ids = ids.args[2]
     if op_name(ids) != "repeat_interleave" or len(ids.args) != 1:
         return None
-    lengths = ids.args[0]
+    lengths, views = ids.args[0], []
+    while isinstance(lengths, fx.Node) and identity(lengths) and len(lengths.users) == 1:
+        views.append(lengths)  # a size-1 repeat_interleave views and expands its repeats to their own shape
+        lengths = lengths.args[0]
     if shape(lengths) != (n_bags,):
         return None
-    return lengths, nodes + [ids]
+    return lengths, nodes + views[::-1] + [ids]
 
 
 def _ends_search(ids: fx.Node, gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node]] | None:

@@ -10,7 +10,7 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import CapturedGraph, dtype, is_convex, op_name, shape
 from kernelevolve.analyze.pointwise import can_emit
 from kernelevolve.templates.base import Match, claim_each, make_match
-from kernelevolve.templates.graphutil import closed, pow2
+from kernelevolve.templates.graphutil import closed, pow2, whole_slice
 from kernelevolve.templates.segment.render import _render
 from kernelevolve.templates.segment.sinks import BAG_OPS, _normalise, _sink
 from kernelevolve.templates.segment.sources import _counts
@@ -66,7 +66,8 @@ def _row_prologue(node: fx.Node, n_bags: int, taken: set[fx.Node], inside: set[f
         return []
     if not all(u in inside for u in node.users):
         return []
-    if op_name(node) in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze") or _whole(node) or can_emit(node):
+    if op_name(node) in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze") or whole_slice(node) \
+            or can_emit(node):
         out = [node]
         for a in node.all_input_nodes:
             if math.prod(shape(a)) not in (1, n_bags):
@@ -74,11 +75,6 @@ def _row_prologue(node: fx.Node, n_bags: int, taken: set[fx.Node], inside: set[f
             out += _row_prologue(a, n_bags, taken, inside | {node})
         return out
     return []
-
-
-def _whole(node: fx.Node) -> bool:
-    """A slice that keeps all of its source (``counts[:, None]`` slices dim 0 whole before the unsqueeze)."""
-    return op_name(node) == "slice" and isinstance(node.args[0], fx.Node) and shape(node) == shape(node.args[0])
 
 
 def _sides(match: Match, core: set[fx.Node], tile: tuple[int, ...], axes: tuple[int, int]) -> dict | None:
