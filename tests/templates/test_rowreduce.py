@@ -71,7 +71,8 @@ class Model(nn.Module):
 def get_inputs(): return [torch.randn(30, 33)]
 def get_init_inputs(): return []
 """
-SCHEDULES = [{"PERSISTENT": True, "BLOCK_R": 4}, {"PERSISTENT": False, "BLOCK_R": 2, "BLOCK_C": 32}]
+SCHEDULES = [{"PERSISTENT": True, "BLOCK_R": 4}, {"PERSISTENT": False, "BLOCK_R": 2, "BLOCK_C": 32},
+             {"PERSISTENT": False, "BLOCK_R": 2, "BLOCK_C": 16, "PARTS": 3}]  # each row shared by 3 programs
 
 
 def _one(graph):
@@ -81,7 +82,7 @@ def _one(graph):
 
 
 @pytest.mark.parametrize("source", [LAYERNORM_SOFTMAX, MANUAL_LAYERNORM], ids=["modules", "manual"])
-@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped", "parts"])
 def test_layernorm_softmax_is_one_region_however_written(tmp_path, source, config):
     g = captured(tmp_path, source)
     m = _one(g)
@@ -90,7 +91,7 @@ def test_layernorm_softmax_is_one_region_however_written(tmp_path, source, confi
     run_match(RowReduceTemplate(), g, m, config)
 
 
-@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped", "parts"])
 def test_rmsnorm_with_residual_returns_both_outputs_in_bf16(tmp_path, config):
     g = captured(tmp_path, RMSNORM_RESIDUAL)
     m = _one(g)
@@ -98,7 +99,7 @@ def test_rmsnorm_with_residual_returns_both_outputs_in_bf16(tmp_path, config):
     run_match(RowReduceTemplate(), g, m, config, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped", "parts"])
 def test_cross_entropy_fuses_the_target_pick(tmp_path, config):
     g = captured(tmp_path, CROSS_ENTROPY)
     m = _one(g)
@@ -204,7 +205,7 @@ def get_init_inputs(): return []
 """
 
 
-@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped", "parts"])
 def test_group_norm_statistics_and_affine_are_one_region(tmp_path, config):
     """GroupNorm decomposes into a [N, G, C/G, 1] frame around the [N, G, C/G] reductions: views that only add or drop
     trailing unit dims are free, so the mean, the variance and the per-group scale and shift are one kernel."""
@@ -227,9 +228,32 @@ def get_init_inputs(): return []
 """
 
 
-@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped"])
+@pytest.mark.parametrize("config", SCHEDULES, ids=["persistent", "looped", "parts"])
 def test_an_input_without_the_reduced_dim_viewed_to_a_row_scalar(tmp_path, config):
     """b of shape [N] unsqueezed to [N, 1] scales each row: it is read per row, not along the row."""
     g = captured(tmp_path, ROW_SCALE)
     for m in RowReduceTemplate().find(g, set()):
         run_match(RowReduceTemplate(), g, m, config)
+
+
+WIDE_SOFTMAX = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class Model(nn.Module):
+    def forward(self, x):
+        return F.log_softmax(x, dim=-1), torch.softmax(x * 2, dim=-1)
+def get_inputs(): return [torch.randn(3, 20001) * 4]
+def get_init_inputs(): return []
+"""
+
+
+def test_rows_wider_than_a_tile_are_shared_by_several_programs(tmp_path):
+    """Few rows wider than a persistent tile: the first choice splits each row across programs (one kernel per
+    reduction stage, partials combined, then one for the outputs) and matches the reference."""
+    g = captured(tmp_path, WIDE_SOFTMAX)
+    (m,) = RowReduceTemplate().find(g, set())
+    space = RowReduceTemplate().space(m, "cuda")
+    assert space["PARTS"][0] > 1 and 1 in space["PARTS"]
+    source = RowReduceTemplate().render(m, {k: v[0] for k, v in space.items()}, "k")
+    assert source.count("@triton.jit") >= 3  # two softmax stages (each an online max and sum) and the outputs
+    run_match(RowReduceTemplate(), g, m)
+    run_match(RowReduceTemplate(), g, m, {"PARTS": 7, "BLOCK_C": 512})  # parts that do not divide the row

@@ -199,6 +199,11 @@ def render_region(match: Any, config: dict[str, Any], name: str, frame: Frame) -
     if block_r * block_c > MAX_PER_THREAD * 32 * warps:
         raise HopelessConfig(f"a {block_r} x {block_c} tile on {warps} warp(s) holds "
                              f"{block_r * block_c // (32 * warps)} values per thread")
+    parts = int(config.get("PARTS", 1)) if not persistent else 1
+    if parts > 1:
+        span = triton_cdiv(triton_cdiv(c, parts), block_c) * block_c
+        if triton_cdiv(c, span) > 1:
+            return _render_parts(g, match, config, name, c, rows, block_r, block_c, warps, span)
     split = int(config.get("SPLIT", 1)) if not persistent else 1
     span = triton_cdiv(triton_cdiv(c, split), block_c) * block_c
     split = triton_cdiv(c, span)
@@ -226,6 +231,37 @@ def {name}({", ".join(args.values())}):
     outs = ({outs},)
     {name}_kernel[(_cdiv({rows}, {block_r}), {split})]({call}{", " if ins else ""}*outs, BLOCK_R={block_r}, BLOCK_C={block_c},
         num_warps={warps}, num_stages={int(config.get("num_stages", 1))})
+    return outs
+'''
+
+
+def _render_parts(g: _Gen, match: Any, config: dict[str, Any], name: str, c: int, rows: int, block_r: int,
+                  block_c: int, warps: int, span: int) -> str:
+    """Each row shared by several programs (rowreduce/split.py): a kernel per reduction, then one for the outputs."""
+    from kernelevolve.templates.rowreduce import split
+
+    parts = triton_cdiv(c, span)
+    reds = [n for n in g.region if reduced_dim(n) is not None or op_name(n) == "gather"]
+    ptrs = [f"{o.var}_ptr" for o in g.loads.values()] + [f"{o.var}_ptr" for o in g.outs]
+    helpers = {"online_partner": _online_partner, "gather_direct": _gather_direct,
+               "scalar_ancestors": _scalar_ancestors, "store": _store}
+    wide = rows * c >= 2**31
+    sources, slots = split.kernels(g, c, parts, span, reds, helpers, name, ptrs, rows, wide)
+    outs = ", ".join(f"torch.empty({list(shape(n))!r}, dtype={dtype(n)}, device=_dev)" for n in match.outputs)
+    args = {a: f"x{i}" for i, a in enumerate(match.inputs)}
+    call = ", ".join(args[a] for (a, _sq) in g.loads)
+    launches = "\n    ".join(
+        f"{name}_part{k}_kernel[grid]({call}{', ' if call else ''}*outs, part, BLOCK_R={block_r}, BLOCK_C={block_c}, "
+        f"num_warps={warps}, num_stages={int(config.get('num_stages', 1))})" for k in range(len(sources)))
+    return "\n\n".join(sources) + f'''
+
+def {name}({", ".join(args.values())}):
+    _dev = x0.device
+    {"; ".join(f"x{i} = x{i}.contiguous()" for i in range(len(args)))}
+    outs = ({outs},)
+    part = torch.empty({max(1, slots) * rows * parts}, dtype=torch.float32, device=_dev)  # each row's partials
+    grid = (_cdiv({rows}, {block_r}), {parts})
+    {launches}
     return outs
 '''
 

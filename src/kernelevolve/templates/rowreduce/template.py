@@ -145,6 +145,11 @@ class RowReduceTemplate:
             out["PERSISTENT"] = [False] + [p for p in persistent if p is not False]
             if d != len(full) - 1:
                 out["BLOCK_C"] = [64, 32, 128, 16]
+        if d == len(full) - 1 and c > MAX_TILE:
+            # rows wider than a persistent tile: several programs may share a row (rowreduce/split.py), the first
+            # choice enough of them for about 16 programs on each of ~132 SMs
+            first = _parts(rows, out["BLOCK_R"][0])
+            out["PARTS"] = list(dict.fromkeys([first] + [p for p in (1, 4, 8, 16, 32, 64) if p != first]))
         tile = (pow2(c) if out["PERSISTENT"][0] else min(out["BLOCK_C"][0], pow2(c))) * min(out["BLOCK_R"][0], rows)
         out["num_warps"] = _warps(tile)
         return out
@@ -153,6 +158,15 @@ class RowReduceTemplate:
         from kernelevolve.templates.rowreduce.codegen import render_region
 
         return render_region(match, config, name, Frame(tuple(match.spec["full"]), match.spec["dim"]))
+
+
+def _parts(rows: int, block_r: int, programs: int = 2048) -> int:
+    """Programs per row (a power of two up to 64) for at least ``programs`` programs in all."""
+    blocks = -(-rows // block_r)
+    parts = 1
+    while blocks * parts < programs and parts < 64:
+        parts *= 2
+    return parts
 
 
 def _warps(tile: int) -> list[int]:
