@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root: any of the GPU test suite, the experience benchmark and the benchmark suite,
 # each writing its logs and JSON under $OUT and printing a short summary last.
-# Usage: OUT=dir STEPS="tests screen experience suite load throughput kernelbench models report" BUDGET=40 AGAIN=120 \
+# Usage: OUT=dir STEPS="tests screen experience suite wide load throughput kernelbench models report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
 #        LEVELS="1 2" SAMPLE=16 SEED=35 COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
 #        MODELS="dlrm mmoe" L3_SEED=36 MODELS_JSON=earlier-models.json \
@@ -71,6 +71,10 @@ for step in ${STEPS:-tests experience}; do
       python3 bench/throughput.py --device cuda --workers 1 "$GPUS" --problems ${PROBLEMS:-softmax_bf16} \
         --proposer "${PROPOSER:-template}" --evals "${EVALS:-16}" --out-dir "$OUT/throughput" \
         --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log" | tail -12 ;;
+    wide)
+      # rows too wide for one program (bench/wide/): the row-reduction family's PARTS against the baselines
+      python3 bench/suite.py --device cuda --gpus 1 --budget-s "${BUDGET:-20}" --out-dir "$OUT/wide" \
+        --json "$OUT/wide.json" --problems bench/wide/*.py 2>&1 | tee "$OUT/wide.log" | tail -12 ;;
     kernelbench)
       # KernelBench problems a template family matches (bench/coverage.py's table), resumable: KB_JSON names a file
       # from an earlier call to go on from, DEADLINE stops starting problems after that many seconds, KB_ROOT names the

@@ -257,3 +257,25 @@ def test_rows_wider_than_a_tile_are_shared_by_several_programs(tmp_path):
     assert source.count("@triton.jit") >= 3  # two softmax stages (each an online max and sum) and the outputs
     run_match(RowReduceTemplate(), g, m)
     run_match(RowReduceTemplate(), g, m, {"PARTS": 7, "BLOCK_C": 512})  # parts that do not divide the row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("parts", [1, 8, 64])
+def test_wide_rows_on_the_gpu(tmp_path, parts):
+    """The wide-row kernels compiled and run on the GPU, every PARTS choice against PyTorch on the device."""
+    from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS
+    from kernelevolve.templates.base import FILE_HEADER, load_source
+
+    g = captured(tmp_path, WIDE_SOFTMAX.replace("torch.randn(3, 20001)", "torch.randn(64, 200001)"))
+    (m,) = RowReduceTemplate().find(g, set())
+    space = RowReduceTemplate().space(m, "cuda")
+    config = {k: v[0] for k, v in space.items()}
+    config["PARTS"] = parts
+    name = f"wide{parts}"
+    module = load_source(FILE_HEADER + PRELUDE_IMPORTS + "\n" + PRELUDE + RowReduceTemplate().render(m, config, name),
+                         name)
+    x = torch.randn(64, 200001, device="cuda") * 4
+    got = getattr(module, name)(x)
+    torch.testing.assert_close(got[0], torch.log_softmax(x, -1), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[1], torch.softmax(x * 2, -1), atol=1e-5, rtol=1e-4)
