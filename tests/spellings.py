@@ -265,7 +265,51 @@ def gemm(rng: random.Random, i: int) -> Spelling:
     return Spelling(f"{i:03d}-" + "-".join(choices + [dtype]), "matmul", text)
 
 
-FAMILIES = {"segment": segment, "row": row, "gemm": gemm}
+# --- attention (the ``attention`` family): scores, scale, mask, softmax, weighted sum ---------------------------------
+SCORES = ("q @ k.transpose(-2, -1)", "torch.matmul(q, k.transpose(-1, -2))", "torch.einsum('bhqd,bhkd->bhqk', q, k)",
+          "q.matmul(k.permute(0, 1, 3, 2))")
+SCALE = ("s * {scale}", "s / {inv}", "torch.mul(s, {scale})", "s.div({inv})")
+MASKS = ("s", "s.masked_fill(~torch.tril(torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device)), "
+         "float('-inf'))",
+         "s.masked_fill(torch.triu(torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device), 1), "
+         "float('-inf'))",
+         "s + torch.triu(torch.full((s.shape[-2], s.shape[-1]), float('-inf'), device=s.device, dtype=s.dtype), 1)")
+PROBS = ("torch.softmax(s, dim=-1)", "F.softmax(s, -1)", "s.softmax(-1)",
+         "torch.exp(s - s.amax(-1, keepdim=True)) / torch.exp(s - s.amax(-1, keepdim=True)).sum(-1, keepdim=True)")
+WEIGHTED = ("p @ v", "torch.matmul(p, v)", "torch.einsum('bhqk,bhkd->bhqd', p, v)")
+
+
+def attention(rng: random.Random, i: int) -> Spelling:
+    """One spelling of scaled dot-product attention (causal or not), drawn from ``rng``."""
+    d = rng.choice((16, 32, 64))
+    causal = rng.random() < 0.5
+    choices = ["causal" if causal else "full", f"d{d}"]
+
+    def pick(name: str, table: tuple[str, ...]) -> str:
+        k = rng.randrange(len(table))
+        choices.append(f"{name}{k}")
+        return table[k].format(scale=f"{d ** -0.5!r}", inv=f"{d ** 0.5!r}")
+
+    if rng.random() < 0.25:
+        body = [f"return F.scaled_dot_product_attention(q, k, v, is_causal={causal})"]
+        choices.append("sdpa")
+    else:
+        body = [f"s = {pick('scores', SCORES)}", f"s = {pick('scale', SCALE)}"]
+        if causal:
+            k = 1 + rng.randrange(len(MASKS) - 1)
+            choices.append(f"mask{k}")
+            body.append(f"s = {MASKS[k]}")
+        body += [f"p = {pick('probs', PROBS)}", f"return {pick('weighted', WEIGHTED)}"]
+    b, h, n = rng.choice((1, 2)), rng.choice((1, 3)), rng.choice((16, 33, 64, 100))
+    dtype = rng.choice(("float32", "float32", "bfloat16", "float16"))
+    forward = "    def forward(self, q, k, v):\n" + "".join(f"        {line}\n" for line in body)
+    x = f"torch.randn({b}, {h}, {n}, {d}).to(torch.{dtype})"
+    text = (HEAD + "\n\nclass Model(nn.Module):\n" + forward + "\n\n"
+            f"def get_inputs():\n    return [{x}, {x}, {x}]\n\n\ndef get_init_inputs():\n    return []\n")
+    return Spelling(f"{i:03d}-" + "-".join(choices + [dtype]), "attention", text)
+
+
+FAMILIES = {"segment": segment, "row": row, "gemm": gemm, "attention": attention}
 
 
 def spellings(count: int, seed: int, family: str = "segment") -> list[Spelling]:

@@ -106,3 +106,33 @@ def test_group_norm_over_spatial_dims_is_one_statistics_region_and_one_affine(sh
         kinds = [r.match.kind for r in plan.regions if "sum" in {op_name(n) for n in r.match.nodes}]
         assert kinds == ["row_reduction"]
         assert any({"tanh", "mul", "add"} <= {op_name(n) for n in r.match.nodes} for r in plan.regions)
+
+
+def _twice(x):
+    return torch.exp(x - x.amax(-1, keepdim=True)) / torch.exp(x - x.amax(-1, keepdim=True)).sum(-1, keepdim=True)
+
+
+def _two_pools(x, i):
+    a = torch.zeros(4, 3).index_add_(0, i, x)  # two equal factories, each written in place: not one tensor
+    b = torch.zeros(4, 3).index_add_(0, i, x * 2)
+    return a, b, x[i] + 1, x[i] * 2  # a gather read twice stays two gathers (each region may own one)
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_a_value_computed_twice_is_computed_once(mode):
+    x = torch.randn(5, 7)
+    gm, _ = _trace(Fn(_twice), [x], mode)
+    _drop_dead(gm)
+    counts = [op_name(n) for n in gm.graph.nodes if n.op == "call_function"]
+    assert counts.count("exp") == 1 and counts.count("amax") == 1 and counts.count("sub") == 1, counts
+    torch.testing.assert_close(gm([], x), _twice(x))
+
+
+def test_written_tensors_and_gathers_are_not_merged():
+    x, i = torch.randn(6, 3), torch.tensor([0, 1, 1, 3, 2, 0])
+    gm, _ = _trace(Fn(_two_pools), [x, i], "real")
+    _drop_dead(gm)
+    counts = [op_name(n) for n in gm.graph.nodes if n.op == "call_function"]
+    assert counts.count("full") + counts.count("zeros") == 2 and counts.count("index") == 2, counts
+    for got, want in zip(gm([], x, i), _two_pools(x, i)):
+        torch.testing.assert_close(got, want)

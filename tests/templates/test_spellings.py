@@ -1,6 +1,7 @@
 """Drawn spellings (tests/spellings.py): the segment family claims every spelling of a jagged sum or mean, and the
-row-reduction family every spelling of a softmax, log-softmax, norm or row reduction, and the matmul family every
-spelling of a Linear with a pointwise epilogue, each as one region that leaves no op of the graph to ATen, and the kernel of a drawn sample passes the judge (CPU, Triton interpreter). A fixed draw
+row-reduction family every spelling of a softmax, log-softmax, norm or row reduction, the matmul family every
+spelling of a Linear with a pointwise epilogue and the attention family every spelling of scaled dot-product attention,
+each as one region that leaves no op of the graph to ATen, and the kernel of a drawn sample passes the judge (CPU, Triton interpreter). A fixed draw
 here; hundreds more, and more judged, in the slow tests. A miss names the spelling's choices: make the fact it lacks,
 not a pattern for it."""
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.spellings import spellings  # noqa: E402
 SEED = int(os.environ.get("KERNELEVOLVE_SPELLING_SEED", "0"))
 
 
-FAMILIES = ("segment", "row", "gemm")
+FAMILIES = ("segment", "row", "gemm", "attention")
 
 
 def _misses(tmp_path: Path, count: int, seed: int, family: str) -> list[str]:
@@ -83,6 +84,11 @@ def test_the_draw_covers_every_step():
     for step in ("softmax", "log_softmax", "layernorm", "rmsnorm", "reduce", "rank2", "rank3", "up", "affine"):
         assert f"-{step}-" in rows, step
     gemms = " ".join(sp.name for seed in (1001, 1002, 1003, 1004) for sp in spellings(150, seed, "gemm"))
+    attn = " ".join(sp.name for seed in (1001, 1002, 1003, 1004) for sp in spellings(150, seed, "attention"))
+    for prefix, n in (("scores", 4), ("scale", 4), ("mask", 3), ("probs", 4), ("weighted", 3)):
+        for k in range(1 if prefix == "mask" else 0, n + (1 if prefix == "mask" else 0)):
+            assert f"-{prefix}{k}-" in attn, f"{prefix}{k}"
+    assert "-sdpa-" in attn and "-causal-" in attn and "-full-" in attn
     for prefix, n in (("linear", 6), ("act", 14), ("after", 5)):
         for k in range(n):
             assert f"-{prefix}{k}-" in gemms, f"{prefix}{k}"

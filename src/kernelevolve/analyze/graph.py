@@ -521,8 +521,66 @@ def _sizes_from_data(gm: fx.GraphModule) -> bool:
 
 
 def _drop_dead(gm: fx.GraphModule) -> None:
+    _merge_repeats(gm.graph)
     gm.graph.eliminate_dead_code()
     gm.recompile()
+
+
+_REDUCING = {"sum", "amax", "amin", "mean", "prod", "var", "var_mean", "max", "min", "logsumexp"}
+
+
+def _merge_repeats(graph: fx.Graph) -> None:
+    """One node for each value computed twice: the same pure elementwise op or reduction on the same arguments
+    (``torch.exp(s - m)`` written in a numerator and again in a denominator). Ops that write, ops that draw random
+    numbers, values an in-place op later writes, and gathers, views and factories (each pooling may own its gather)
+    stay as they are."""
+    from kernelevolve.analyze.pointwise import POINTWISE
+
+    mergeable = POINTWISE | _REDUCING
+    seen: dict[Any, fx.Node] = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
+                or op_name(node) not in mergeable:
+            continue
+        schema = node.target._schema
+        if schema.is_mutable or torch.Tag.nondeterministic_seeded in node.target.tags or not node.args \
+                or not any(isinstance(a, fx.Node) for a in node.all_input_nodes) or _written_later(node):
+            continue
+        try:
+            key = (node.target, _frozen(node.args), _frozen(node.kwargs))
+            hash(key)
+        except TypeError:
+            continue
+        first = seen.setdefault(key, node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
+def _written_later(node: fx.Node) -> bool:
+    """Whether an in-place op writes ``node``'s memory, directly or through views of it."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            if u in seen:
+                continue
+            seen.add(u)
+            target = u.target
+            if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+                return True
+            if isinstance(target, torch._ops.OpOverload) and any(r.alias_info is not None
+                                                                 for r in target._schema.returns):
+                todo.append(u)  # a view: what writes it writes the node
+    return False
 
 
 def topo_index(graph: fx.Graph) -> dict[fx.Node, int]:
