@@ -21,6 +21,9 @@ class Spelling:
     name: str  # the choices made, joined: enough to rebuild it by hand
     kind: str  # the region kind the family must claim
     source: str  # a KernelBench-format problem file
+    # other kinds that claim the same computation whole in one fused kernel (a DCN cross layer whose half-precision
+    # addcmul decomposes through float32 casts is a GEMM with that epilogue to the matmul family)
+    also: tuple[str, ...] = ()
 
 
 # lengths [B] from offsets [B + 1] (the last end included)
@@ -309,7 +312,73 @@ def attention(rng: random.Random, i: int) -> Spelling:
     return Spelling(f"{i:03d}-" + "-".join(choices + [dtype]), "attention", text)
 
 
-FAMILIES = {"segment": segment, "row": row, "gemm": gemm, "attention": attention}
+# --- SwiGLU (``dual_gemm``), DCN cross (``dcn_cross``), FM and DLRM interactions (``pairwise_interaction``) ---------
+GATE = ("F.silu(a) * b", "a * torch.sigmoid(a) * b", "b * F.silu(a)", "torch.mul(F.silu(a), b)",
+        "a / (1 + torch.exp(-a)) * b")
+HALVES = ("a, b = self.w1(x), self.w3(x)", "a, b = F.linear(x, self.w1.weight), F.linear(x, self.w3.weight)",
+          "a, b = x @ self.w1.weight.t(), x @ self.w3.weight.t()", "a, b = self.w13(x).chunk(2, dim=-1)",
+          "h = self.w13(x)\n        a, b = h[..., :{n}], h[..., {n}:]")
+CROSS = ("x0 * self.fc(x0) + x0", "x0 * (x0 @ self.fc.weight.t() + self.fc.bias) + x0",
+         "torch.addcmul(x0, x0, self.fc(x0))", "x0 + x0 * F.linear(x0, self.fc.weight, self.fc.bias)",
+         "self.fc(x0).mul(x0).add(x0)")
+FM = ("0.5 * (v.sum(1) ** 2 - (v * v).sum(1)).sum(1, keepdim=True)",
+      "0.5 * (torch.sum(v, dim=1).pow(2) - torch.sum(v.pow(2), dim=1)).sum(dim=1, keepdim=True)",
+      "((v.sum(1) * v.sum(1) - v.square().sum(1)) / 2).sum(-1, keepdim=True)")
+DLRM = ("i, j = torch.tril_indices(t.shape[1], t.shape[1], offset=-1)\n        return torch.cat([dense, z[:, i, j]], dim=1)",
+        "i, j = torch.triu_indices(t.shape[1], t.shape[1], offset=1)\n        return torch.cat([dense, z[:, j, i]], dim=1)",
+        "i, j = torch.tril_indices(t.shape[1], t.shape[1], offset=-1)\n"
+        "        return torch.cat([dense, z.flatten(1)[:, i * t.shape[1] + j]], dim=1)")
+PRODUCT = ("torch.bmm(t, t.transpose(1, 2))", "t @ t.transpose(-1, -2)", "torch.einsum('bnd,bmd->bnm', t, t)",
+           "torch.matmul(t, t.permute(0, 2, 1))")
+
+
+def _module_text(init: list[str], body: list[str], inputs: str, args: str) -> str:
+    init_text = ("    def __init__(self):\n        super().__init__()\n" + "".join(f"        {x}\n" for x in init) + "\n"
+                 if init else "")
+    forward = f"    def forward(self, {args}):\n" + "".join(f"        {line}\n" for line in body)
+    return (HEAD + "\n\nclass Model(nn.Module):\n" + init_text + forward + "\n\n"
+            f"def get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n")
+
+
+def swiglu(rng: random.Random, i: int) -> Spelling:
+    k_half, k_gate = rng.randrange(len(HALVES)), rng.randrange(len(GATE))
+    m, c, n = rng.choice((16, 33, 64)), rng.choice((32, 64, 96)), rng.choice((16, 48, 64))
+    dtype = rng.choice(("float32", "float32", "bfloat16", "float16"))
+    fused = "w13" in HALVES[k_half]
+    init = ([f"self.w13 = nn.Linear({c}, 2 * {n}, bias=False)"] if fused else
+            [f"self.w1 = nn.Linear({c}, {n}, bias=False)", f"self.w3 = nn.Linear({c}, {n}, bias=False)"])
+    init.append(f"self.to(torch.{dtype})")
+    body = [HALVES[k_half].format(n=n), f"return {GATE[k_gate]}"]
+    text = _module_text(init, body, f"torch.randn({m}, {c}).to(torch.{dtype})", "x")
+    return Spelling(f"{i:03d}-halves{k_half}-gate{k_gate}-{dtype}", "dual_gemm", text)
+
+
+def dcn(rng: random.Random, i: int) -> Spelling:
+    k = rng.randrange(len(CROSS))
+    m, c = rng.choice((16, 33, 64, 100)), rng.choice((32, 64, 96))
+    dtype = rng.choice(("float32", "float32", "bfloat16"))
+    text = _module_text([f"self.fc = nn.Linear({c}, {c})", f"self.to(torch.{dtype})"], [f"return {CROSS[k]}"],
+                        f"torch.randn({m}, {c}).to(torch.{dtype})", "x0")
+    return Spelling(f"{i:03d}-cross{k}-{dtype}", "dcn_cross", text, also=("matmul",))
+
+
+def interaction(rng: random.Random, i: int) -> Spelling:
+    b, f, d = rng.choice((4, 17, 33)), rng.choice((3, 5, 8)), rng.choice((8, 16, 32))
+    dtype = rng.choice(("float32", "float32", "bfloat16"))
+    if rng.random() < 0.4:
+        k = rng.randrange(len(FM))
+        text = _module_text([], [f"return {FM[k]}"], f"torch.randn({b}, {f}, {d}).to(torch.{dtype})", "v")
+        return Spelling(f"{i:03d}-fm{k}-{dtype}", "pairwise_interaction", text)
+    k_p, k_pick = rng.randrange(len(PRODUCT)), rng.randrange(len(DLRM))
+    cat = rng.choice(("torch.cat([dense.unsqueeze(1), sparse], dim=1)", "torch.cat((dense[:, None, :], sparse), 1)"))
+    body = [f"t = {cat}", f"z = {PRODUCT[k_p]}", DLRM[k_pick]]
+    inputs = f"torch.randn({b}, {d}).to(torch.{dtype}), torch.randn({b}, {f}, {d}).to(torch.{dtype})"
+    return Spelling(f"{i:03d}-dlrm-product{k_p}-pick{k_pick}-{dtype}", "pairwise_interaction",
+                    _module_text([], body, inputs, "dense, sparse"))
+
+
+FAMILIES = {"segment": segment, "row": row, "gemm": gemm, "attention": attention, "swiglu": swiglu, "dcn": dcn,
+            "interaction": interaction}
 
 
 def spellings(count: int, seed: int, family: str = "segment") -> list[Spelling]:

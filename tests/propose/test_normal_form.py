@@ -136,3 +136,31 @@ def test_written_tensors_and_gathers_are_not_merged():
     assert counts.count("full") + counts.count("zeros") == 2 and counts.count("index") == 2, counts
     for got, want in zip(gm([], x, i), _two_pools(x, i)):
         torch.testing.assert_close(got, want)
+
+
+def _identities(a, b, c):
+    return torch.addcmul(a, b, c) + 0, (a * 1) / 1 - 0
+
+
+def test_multiplying_by_one_and_adding_zero_are_dropped():
+    a, b, c = torch.randn(4, 5), torch.randn(4, 5), torch.randn(4, 5)
+    gm, _ = _trace(Fn(_identities), [a, b, c], "real")
+    _drop_dead(gm)
+    ops = [op_name(n) for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops.count("mul") == 1 and ops.count("add") == 1 and "div" not in ops and "sub" not in ops, ops
+    for got, want in zip(gm([], a, b, c), _identities(a, b, c)):
+        torch.testing.assert_close(got, want)
+
+
+def _read_around_a_write(x):
+    y = x.exp()
+    x.add_(1)
+    return y + x.exp()  # the second exp reads the written x: not the first one's value
+
+
+def test_a_value_read_before_and_after_an_in_place_write_is_not_merged():
+    x = torch.randn(3, 4)
+    gm, _ = _trace(Fn(_read_around_a_write), [x.clone()], "real")
+    _drop_dead(gm)
+    out = gm([], x.clone())
+    torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, _read_around_a_write(x.clone()))

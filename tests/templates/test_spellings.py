@@ -1,7 +1,8 @@
 """Drawn spellings (tests/spellings.py): the segment family claims every spelling of a jagged sum or mean, and the
 row-reduction family every spelling of a softmax, log-softmax, norm or row reduction, the matmul family every
-spelling of a Linear with a pointwise epilogue and the attention family every spelling of scaled dot-product attention,
-each as one region that leaves no op of the graph to ATen, and the kernel of a drawn sample passes the judge (CPU, Triton interpreter). A fixed draw
+spelling of a Linear with a pointwise epilogue, the attention family every spelling of scaled dot-product attention,
+and the SwiGLU, DCN cross and feature-interaction families theirs, each as one region that leaves no op of the graph to
+ATen, and the kernel of a drawn sample passes the judge (CPU, Triton interpreter). A fixed draw
 here; hundreds more, and more judged, in the slow tests. A miss names the spelling's choices: make the fact it lacks,
 not a pattern for it."""
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tests.spellings import spellings  # noqa: E402
 SEED = int(os.environ.get("KERNELEVOLVE_SPELLING_SEED", "0"))
 
 
-FAMILIES = ("segment", "row", "gemm", "attention")
+FAMILIES = ("segment", "row", "gemm", "attention", "swiglu", "dcn", "interaction")
 
 
 def _misses(tmp_path: Path, count: int, seed: int, family: str) -> list[str]:
@@ -36,7 +37,7 @@ def _misses(tmp_path: Path, count: int, seed: int, family: str) -> list[str]:
         kinds = [r.match.kind for r in plan.regions]
         claimed = {n for r in plan.regions for n in r.match.nodes}
         left = [str(n.target) for n in plan.graph.calls() if n not in claimed] if plan.graph is not None else ["?"]
-        if kinds != [sp.kind] or left:
+        if len(kinds) != 1 or kinds[0] not in (sp.kind, *sp.also) or left:
             misses.append(f"{sp.name}: claimed {plan.describe()}, left {left}; {plan.error or ''} {plan.skipped}")
     return misses
 
@@ -46,7 +47,7 @@ def _judged(tmp_path: Path, sp) -> None:
     path.write_text(sp.source)
     problem = load_problem(path, "cpu")
     (cand,) = TemplateProposer("cpu", seed=0).propose(ProposalContext(problem, "cpu", None, []), 1)
-    assert sp.kind in {c["kind"] for c in cand.meta["configs"]}, f"{sp.name}: {cand.meta['configs']}"
+    assert {sp.kind, *sp.also} & {c["kind"] for c in cand.meta["configs"]}, f"{sp.name}: {cand.meta['configs']}"
     config = EvalConfig(device="cpu", timeout_s=300, timing=TimingConfig(budget_ms=5, warmup_ms=1, max_reps=3))
     result = Evaluator(problem, config, tmp_path / f"work{sp.name[:3]}").evaluate(cand)
     assert result.ok, f"{sp.name}: {result.status.value}: {result.reason}\n{result.error[-1500:]}\n{sp.source}"
@@ -89,6 +90,11 @@ def test_the_draw_covers_every_step():
         for k in range(1 if prefix == "mask" else 0, n + (1 if prefix == "mask" else 0)):
             assert f"-{prefix}{k}-" in attn, f"{prefix}{k}"
     assert "-sdpa-" in attn and "-causal-" in attn and "-full-" in attn
+    others = " ".join(sp.name for f in ("swiglu", "dcn", "interaction") for seed in (1001, 1002, 1003, 1004)
+                      for sp in spellings(150, seed, f))
+    for prefix, n in (("halves", 5), ("gate", 5), ("cross", 5), ("fm", 3), ("product", 4), ("pick", 3)):
+        for k in range(n):
+            assert f"-{prefix}{k}-" in others, f"{prefix}{k}"
     for prefix, n in (("linear", 6), ("act", 14), ("after", 5)):
         for k in range(n):
             assert f"-{prefix}{k}-" in gemms, f"{prefix}{k}"

@@ -521,9 +521,34 @@ def _sizes_from_data(gm: fx.GraphModule) -> bool:
 
 
 def _drop_dead(gm: fx.GraphModule) -> None:
+    _drop_identities(gm.graph)
     _merge_repeats(gm.graph)
     gm.graph.eliminate_dead_code()
     gm.recompile()
+
+
+# (op, the constant that leaves the other operand as it is, whether that constant may stand first)
+_IDENTITIES = {"mul": (1, True), "div": (1, False), "add": (0, True), "sub": (0, False)}
+
+
+def _drop_identities(graph: fx.Graph) -> None:
+    """``x * 1``, ``x / 1``, ``x + 0`` and ``x - 0`` are ``x`` (``torch.addcmul(a, b, c)`` decomposes to
+    ``a + (b * 1) * c``), where the result has ``x``'s shape and dtype."""
+    for node in list(graph.nodes):
+        name = op_name(node) if node.op == "call_function" else ""
+        if name not in _IDENTITIES or len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1:
+            continue
+        one, either = _IDENTITIES[name]
+        a, b = node.args
+        x = a if _is_number(b, one) else b if either and _is_number(a, one) else None
+        if isinstance(x, fx.Node) and shape(x) == shape(node) and dtype(x) == dtype(node) \
+                and not _written_later(node) and not _written_later(x):
+            node.replace_all_uses_with(x)
+            graph.erase_node(node)
+
+
+def _is_number(value: Any, number: int) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == number
 
 
 _REDUCING = {"sum", "amax", "amin", "mean", "prod", "var", "var_mean", "max", "min", "logsumexp"}
@@ -544,7 +569,8 @@ def _merge_repeats(graph: fx.Graph) -> None:
             continue
         schema = node.target._schema
         if schema.is_mutable or torch.Tag.nondeterministic_seeded in node.target.tags or not node.args \
-                or not any(isinstance(a, fx.Node) for a in node.all_input_nodes) or _written_later(node):
+                or not any(isinstance(a, fx.Node) for a in node.all_input_nodes) or _written_later(node) \
+                or any(_written_later(a) for a in node.all_input_nodes):  # an input written between two reads
             continue
         try:
             key = (node.target, _frozen(node.args), _frozen(node.kwargs))

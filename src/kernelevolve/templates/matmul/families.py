@@ -8,6 +8,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, region_io, shape, tensor_args
 from kernelevolve.templates.base import Match, claim_each, make_match
+from kernelevolve.templates.graphutil import bind
 from kernelevolve.templates.matmul.kernels import _precision, fused_kernel, upcast_flag
 from kernelevolve.templates.matmul.launch import (KNOBS, _first, _itemsize, fit_fused, fused_launcher, gemm_space,
                                                   launcher_text, precisions, prep_text, render_gemm, splittable,
@@ -136,21 +137,44 @@ class DualGemmTemplate(MatmulTemplate):
                 break
             views.append(u)
             v = u
-        s = next(iter(v.users)) if len(v.users) == 1 else None
-        if s is None or s in taken or op_name(s) not in SPLITS or n_full % 2:
+        if n_full % 2:
             return None
-        dim = (s.args[2] if len(s.args) > 2 else 0) % len(shape(v))
-        sizes = s.args[1] if isinstance(s.args[1], (list, tuple)) else [s.args[1]] * 2
-        items = sorted(s.users, key=lambda g: g.args[1])
-        if dim != len(shape(v)) - 1 or list(sizes) != [n_full // 2] * 2 or [g.args[1] for g in items] != [0, 1]:
-            return None
+        found = _halves_by_slices(v, n_full, taken)
+        if found is None:
+            s = next(iter(v.users)) if len(v.users) == 1 else None
+            if s is None or s in taken or op_name(s) not in SPLITS:
+                return None
+            dim = (s.args[2] if len(s.args) > 2 else 0) % len(shape(v))
+            sizes = s.args[1] if isinstance(s.args[1], (list, tuple)) else [s.args[1]] * 2
+            items = sorted(s.users, key=lambda g: g.args[1])
+            if dim != len(shape(v)) - 1 or list(sizes) != [n_full // 2] * 2 or [g.args[1] for g in items] != [0, 1]:
+                return None
+            found = [s], items
+        own, items = found
         a_node, b_node = gemm_parts(node)[:2]
         a = operand(a_node, {node}, taken)
         b = operand(b_node, {node, *a.nodes}, taken)
-        base = {node, *views, s, *items, *a.nodes, *b.nodes}
+        base = {node, *views, *own, *items, *a.nodes, *b.nodes}
         epi = grow(base, _numel(shape(items[0])), taken)
         heads = [Head(items[0], node, b, 0), Head(items[1], node, b, 1)]
         return self._one_output(finish(self.family, self.kind, base, epi, a, heads, taken), items)
+
+
+def _halves_by_slices(v: fx.Node, n_full: int, taken: set[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]] | None:
+    """([], [first half, second half]) where ``v``'s only users are its two halves along the last dim, each a
+    unit-step slice (``h[..., :n]``, ``h[..., n:]``), as ``chunk(2, -1)`` would give them."""
+    users = [u for u in v.users if op_name(u) == "slice" and u not in taken]
+    if len(users) != 2 or len(v.users) != 2:
+        return None
+    halves = {}
+    for u in users:
+        b = bind(u)
+        if b["dim"] % len(shape(v)) != len(shape(v)) - 1 or b["step"] != 1:
+            return None
+        kept = range(n_full)[b["start"]:b["end"]]
+        halves[(kept.start, kept.stop)] = u
+    lo, hi = halves.get((0, n_full // 2)), halves.get((n_full // 2, n_full))
+    return ([], [lo, hi]) if lo is not None and hi is not None else None
 
 
 class BatchedSmallTemplate:
