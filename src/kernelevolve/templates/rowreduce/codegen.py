@@ -244,7 +244,8 @@ def _render_parts(g: _Gen, match: Any, config: dict[str, Any], name: str, c: int
     reds = [n for n in g.region if reduced_dim(n) is not None or op_name(n) == "gather"]
     ptrs = [f"{o.var}_ptr" for o in g.loads.values()] + [f"{o.var}_ptr" for o in g.outs]
     helpers = {"online_partner": _online_partner, "gather_direct": _gather_direct,
-               "scalar_ancestors": _scalar_ancestors, "store": _store}
+               "scalar_ancestors": _scalar_ancestors, "fold": fold, "cross_lane": CROSS_LANE,
+               "write_outputs": write_outputs}
     wide = rows * c >= 2**31
     sources, slots = split.kernels(g, c, parts, span, reds, helpers, name, ptrs, rows, wide)
     outs = ", ".join(f"torch.empty({list(shape(n))!r}, dtype={dtype(n)}, device=_dev)" for n in match.outputs)
@@ -270,7 +271,7 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _store(g: _Gen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str) -> str:
+def _store(g: _Gen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str, scalar_mask: str = "rmask") -> str:
     op = g.outs[k]
     row = f"({offset_expr(g.row_sizes, op.row_merged, 'rows')})"
     dt = TL_DTYPES[dtype(n)]
@@ -278,7 +279,8 @@ def _store(g: _Gen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str) -> st
         col = "cols" if op.col_stride == 1 else f"cols * {op.col_stride}"
         val = f"({env[n]} + tl.zeros([BLOCK_R, BLOCK_C], tl.float32))"
         return f"{ind}tl.store({op.var}_ptr + {row} + {col}, {val}.to({dt}), mask=mask)"
-    return f"{ind}tl.store({op.var}_ptr + {row}, ({env[n]} + tl.zeros([BLOCK_R, 1], tl.float32)).to({dt}), mask=rmask)"
+    return (f"{ind}tl.store({op.var}_ptr + {row}, ({env[n]} + tl.zeros([BLOCK_R, 1], tl.float32)).to({dt}), "
+            f"mask={scalar_mask})")
 
 
 def _body_persistent(g: _Gen, c: int) -> list[str]:
@@ -312,46 +314,67 @@ def _body_looped(g: _Gen, c: int, span: int | None = None) -> list[str]:
             _gather_direct(g, r, env, ind, lines, outer_loaded, c)
             continue
         partner = _online_partner(g, r, reds, env)
-        local = dict(env)
+        folded, values = fold(g, r, partner, env, chunk, outer_loaded)
+        lines += folded
         if partner is not None:
-            src = r.args[0]
-            m, s_ = f"acc_{r.name}", f"acc_{partner.name}"
-            lines += [f"{ind}{m} = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)",
-                      f"{ind}{s_} = tl.zeros([BLOCK_R, 1], tl.float32)"] + chunk
-            g.ensure([src], local, inner, lines, set(outer_loaded))
-            a = local[src]
-            lines += [f"{inner}m_new = tl.maximum({m}, tl.max(tl.where(mask, {a}, float('-inf')), axis=1)[:, None])",
-                      f"{inner}m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
-                      f"{inner}{s_} = {s_} * tl.exp({m} - m_safe) + "
-                      f"tl.sum(tl.where(mask, tl.exp({a} - m_safe), 0.0), axis=1)[:, None]",
-                      f"{inner}{m} = m_new"]
-            env[r], env[partner] = m, s_
+            env[r], env[partner] = values
             continue
-        # a tile accumulator: elementwise folds in the loop, one cross-lane reduction after it
-        name = op_name(r)
-        neutral = REDUCTIONS[name]
-        fold = {"sum": "{a} + {v}", "amax": "tl.maximum({a}, {v})", "amin": "tl.minimum({a}, {v})"}[name]
-        acc = f"acc_{r.name}"
-        lines.append(f"{ind}{acc} = tl.full([BLOCK_R, BLOCK_C], {neutral}, tl.float32)")
-        lines += chunk
-        g.ensure(g.inputs_of(r), local, inner, lines, set(outer_loaded))
-        val = f"tl.where(mask, {local[r.args[0]]}, {neutral})"
-        lines.append(f"{inner}{acc} = " + fold.format(a=acc, v=val))
-        fn = {"sum": "tl.sum", "amax": "tl.max", "amin": "tl.min"}[name]
-        lines.append(f"{ind}v_{r.name} = {fn}({acc}, axis=1)[:, None]")
+        lines.append(f"{ind}v_{r.name} = {values[0]}")
         env[r] = f"v_{r.name}"
-    scal_outs = [o for o in g.m.outputs if not g.vec[o]]
-    vec_outs = [o for o in g.m.outputs if g.vec[o]]
-    g.ensure(scal_outs + [a for o in vec_outs for a in _scalar_ancestors(g, o, env)], env, ind, lines, outer_loaded)
-    if vec_outs:
-        lines += chunk
-        local = dict(env)
-        g.ensure(vec_outs, local, inner, lines, set(outer_loaded))
-        lines += [_store(g, k, n, local, inner) for k, n in enumerate(g.m.outputs) if g.vec[n]]
-    lines += [_store(g, k, n, env, ind) for k, n in enumerate(g.m.outputs) if not g.vec[n]]
+    lines += write_outputs(g, env, chunk, outer_loaded)
     if span is not None:
         lines = [line.replace("tl.store(", "tl.atomic_add(") if "tl.store(" in line else line for line in lines]
     return lines
+
+
+def write_outputs(g: _Gen, env: dict[fx.Node, str], chunk: list[str], loaded: set[tuple[fx.Node, bool]],
+                  scalar_mask: str = "rmask") -> list[str]:
+    """The outputs once the reductions are in ``env``: the vector ones in a loop over ``chunk``, then the row
+    scalars, stored where ``scalar_mask`` holds."""
+    ind, inner = "    ", "        "
+    lines: list[str] = []
+    scal_outs = [o for o in g.m.outputs if not g.vec[o]]
+    vec_outs = [o for o in g.m.outputs if g.vec[o]]
+    g.ensure(scal_outs + [a for o in vec_outs for a in _scalar_ancestors(g, o, env)], env, ind, lines, loaded)
+    if vec_outs:
+        lines += chunk
+        local = dict(env)
+        g.ensure(vec_outs, local, inner, lines, set(loaded))
+        lines += [_store(g, k, n, local, inner) for k, n in enumerate(g.m.outputs) if g.vec[n]]
+    return lines + [_store(g, k, n, env, ind, scalar_mask) for k, n in enumerate(g.m.outputs) if not g.vec[n]]
+
+
+CROSS_LANE = {"sum": "tl.sum", "amax": "tl.max", "amin": "tl.min"}
+
+
+def fold(g: _Gen, r: fx.Node, partner: fx.Node | None, env: dict[fx.Node, str], chunk: list[str],
+         loaded: set[tuple[fx.Node, bool]]) -> tuple[list[str], list[str]]:
+    """The loop over ``chunk`` that reduces ``r`` (with its online ``partner``, the running max and sum of
+    exponentials, where it has one) and the row values it leaves: [max, sum] for a pair, else the one reduction."""
+    ind, inner = "    ", "        "
+    local = dict(env)
+    if partner is not None:
+        src = r.args[0]
+        m, s_ = f"acc_{r.name}", f"acc_{partner.name}"
+        lines = [f"{ind}{m} = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)",
+                 f"{ind}{s_} = tl.zeros([BLOCK_R, 1], tl.float32)"] + chunk
+        g.ensure([src], local, inner, lines, set(loaded))
+        a = local[src]
+        lines += [f"{inner}m_new = tl.maximum({m}, tl.max(tl.where(mask, {a}, float('-inf')), axis=1)[:, None])",
+                  f"{inner}m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
+                  f"{inner}{s_} = {s_} * tl.exp({m} - m_safe) + "
+                  f"tl.sum(tl.where(mask, tl.exp({a} - m_safe), 0.0), axis=1)[:, None]",
+                  f"{inner}{m} = m_new"]
+        return lines, [m, s_]
+    # a tile accumulator: elementwise folds in the loop, one cross-lane reduction after it
+    name = op_name(r)
+    neutral = REDUCTIONS[name]
+    step = {"sum": "{a} + {v}", "amax": "tl.maximum({a}, {v})", "amin": "tl.minimum({a}, {v})"}[name]
+    acc = f"acc_{r.name}"
+    lines = [f"{ind}{acc} = tl.full([BLOCK_R, BLOCK_C], {neutral}, tl.float32)"] + chunk
+    g.ensure(g.inputs_of(r), local, inner, lines, set(loaded))
+    lines.append(f"{inner}{acc} = " + step.format(a=acc, v=f"tl.where(mask, {local[r.args[0]]}, {neutral})"))
+    return lines, [f"{CROSS_LANE[name]}({acc}, axis=1)[:, None]"]
 
 
 def _online_partner(g: _Gen, r: fx.Node, reds: list[fx.Node], env: dict[fx.Node, str]) -> fx.Node | None:

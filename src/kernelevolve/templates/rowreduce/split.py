@@ -15,7 +15,6 @@ from kernelevolve.analyze.pointwise import CodegenError
 from kernelevolve.templates.graphutil import pow2
 from kernelevolve.templates.rowreduce.frame import REDUCTIONS, reduced_dim
 
-COMBINE = {"sum": "tl.sum", "amax": "tl.max", "amin": "tl.min"}
 
 
 def stages(g: Any, reds: list[fx.Node], online_partner: Any) -> list[tuple[fx.Node, fx.Node | None]]:
@@ -60,7 +59,7 @@ def kernels(g: Any, c: int, parts: int, span: int, reds: list[fx.Node], helpers:
         lines = list(head)
         loaded: set = set()
         for r, partner in order[:k]:  # earlier stages: their partials, combined
-            _combine(r, partner, slots, rows, parts, env, lines)
+            _combine(r, partner, slots, rows, parts, env, lines, helpers["cross_lane"])
         for r in reds:  # a picked element (cross-entropy's target) where the row scalars it reads are at hand
             if op_name(r) == "gather" and r not in env and all(a in env for a in _reductions_under(g, r)):
                 tried_env, tried_lines, tried_loaded = dict(env), [], set(loaded)
@@ -76,7 +75,8 @@ def kernels(g: Any, c: int, parts: int, span: int, reds: list[fx.Node], helpers:
             r, partner = order[k]
             lines += _partial(g, r, partner, slots, rows, parts, env, chunk, loaded, helpers)
         else:
-            lines += _outputs(g, env, chunk, loaded, helpers)
+            # the row scalars by the first program of each row (a block mask: the interpreter takes no scalar in one)
+            lines += helpers["write_outputs"](g, env, chunk, loaded, "rmask & (rows * 0 + c_lo == 0)")
         sources.append(f"@triton.jit\ndef {name}_part{k}_kernel({signature}):\n" + "\n".join(lines) + "\n")
     return sources, len(slots)
 
@@ -102,7 +102,7 @@ def _slot(slot: int, rows: int, parts: int) -> str:
 
 
 def _combine(r: fx.Node, partner: fx.Node | None, slots: dict[fx.Node, int], rows: int, parts: int,
-             env: dict[fx.Node, str], lines: list[str]) -> None:
+             env: dict[fx.Node, str], lines: list[str], cross_lane: dict[str, str]) -> None:
     if partner is not None:
         m, s = f"m_{r.name}", f"s_{partner.name}"
         lines += [f"    {m}_p = tl.load({_slot(slots[r], rows, parts)} + sidx, mask=smask, other=float('-inf'))",
@@ -115,60 +115,17 @@ def _combine(r: fx.Node, partner: fx.Node | None, slots: dict[fx.Node, int], row
     var = f"v_{r.name}"
     neutral = REDUCTIONS[op_name(r)]
     lines += [f"    {var}_p = tl.load({_slot(slots[r], rows, parts)} + sidx, mask=smask, other={neutral})",
-              f"    {var} = {COMBINE[op_name(r)]}({var}_p, axis=1)[:, None]"]
+              f"    {var} = {cross_lane[op_name(r)]}({var}_p, axis=1)[:, None]"]
     env[r] = var
 
 
 def _partial(g: Any, r: fx.Node, partner: fx.Node | None, slots: dict[fx.Node, int], rows: int, parts: int,
              env: dict[fx.Node, str], chunk: list[str], loaded: set, helpers: dict[str, Any]) -> list[str]:
-    """This program's partial of stage ``r`` over its share of the row, stored in its slot."""
-    ind, inner = "    ", "        "
+    """This program's partial of stage ``r`` over its share of the row, stored in its slot (codegen.fold's loop)."""
     lines: list[str] = []
-    g.ensure(helpers["scalar_ancestors"](g, r, env), env, ind, lines, loaded)
-    local = dict(env)
-    where = f"{_slot(slots[r], rows, parts)} + tl.program_id(1)"
-    if partner is not None:
-        src = r.args[0]
-        m, s = f"acc_{r.name}", f"acc_{partner.name}"
-        lines += [f"{ind}{m} = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)",
-                  f"{ind}{s} = tl.zeros([BLOCK_R, 1], tl.float32)"] + chunk
-        g.ensure([src], local, inner, lines, set(loaded))
-        a = local[src]
-        lines += [f"{inner}m_new = tl.maximum({m}, tl.max(tl.where(mask, {a}, float('-inf')), axis=1)[:, None])",
-                  f"{inner}m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
-                  f"{inner}{s} = {s} * tl.exp({m} - m_safe) + "
-                  f"tl.sum(tl.where(mask, tl.exp({a} - m_safe), 0.0), axis=1)[:, None]",
-                  f"{inner}{m} = m_new",
-                  f"{ind}tl.store({where}, {m}, mask=rmask)",
-                  f"{ind}tl.store({_slot(slots[partner], rows, parts)} + tl.program_id(1), {s}, mask=rmask)"]
-        return lines
-    name = op_name(r)
-    neutral = REDUCTIONS[name]
-    fold = {"sum": "{a} + {v}", "amax": "tl.maximum({a}, {v})", "amin": "tl.minimum({a}, {v})"}[name]
-    acc = f"acc_{r.name}"
-    lines.append(f"{ind}{acc} = tl.full([BLOCK_R, BLOCK_C], {neutral}, tl.float32)")
-    lines += chunk
-    g.ensure(g.inputs_of(r), local, inner, lines, set(loaded))
-    lines.append(f"{inner}{acc} = " + fold.format(a=acc, v=f"tl.where(mask, {local[r.args[0]]}, {neutral})"))
-    lines.append(f"{ind}tl.store({where}, {COMBINE[name]}({acc}, axis=1)[:, None], mask=rmask)")
-    return lines
-
-
-def _outputs(g: Any, env: dict[fx.Node, str], chunk: list[str], loaded: set, helpers: dict[str, Any]) -> list[str]:
-    """The last kernel: row-scalar outputs (by the first program of each row) and this program's share of the
-    vector outputs."""
-    ind, inner = "    ", "        "
-    lines: list[str] = []
-    store = helpers["store"]
-    scal = [o for o in g.m.outputs if not g.vec[o]]
-    vec = [o for o in g.m.outputs if g.vec[o]]
-    g.ensure(scal + [a for o in vec for a in helpers["scalar_ancestors"](g, o, env)], env, ind, lines, loaded)
-    if vec:
-        lines += chunk
-        local = dict(env)
-        g.ensure(vec, local, inner, lines, set(loaded))
-        lines += [store(g, k, n, local, inner) for k, n in enumerate(g.m.outputs) if g.vec[n]]
-    first = "mask=rmask & (rows * 0 + c_lo == 0))"  # a block mask: Triton's interpreter takes no scalar in one
-    lines += [store(g, k, n, env, ind).replace("mask=rmask)", first)
-              for k, n in enumerate(g.m.outputs) if not g.vec[n]]
+    g.ensure(helpers["scalar_ancestors"](g, r, env), env, "    ", lines, loaded)
+    folded, values = helpers["fold"](g, r, partner, env, chunk, loaded)
+    lines += folded
+    for node, value in zip((r, partner), values):
+        lines.append(f"    tl.store({_slot(slots[node], rows, parts)} + tl.program_id(1), {value}, mask=rmask)")
     return lines
