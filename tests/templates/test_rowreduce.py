@@ -261,9 +261,10 @@ def test_rows_wider_than_a_tile_are_shared_by_several_programs(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("parts", [1, 8, 64])
-def test_wide_rows_on_the_gpu(tmp_path, parts):
-    """The wide-row kernels compiled and run on the GPU, every PARTS choice against PyTorch on the device."""
+@pytest.mark.parametrize("parts, one_read", [(1, False), (8, False), (64, False), (8, True), (64, True)])
+def test_wide_rows_on_the_gpu(tmp_path, parts, one_read):
+    """The wide-row kernels compiled and run on the GPU, every PARTS choice (and the one-read kernel, whose programs
+    wait on one another) against PyTorch on the device, three calls each."""
     from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS
     from kernelevolve.templates.base import FILE_HEADER, load_source
 
@@ -271,11 +272,50 @@ def test_wide_rows_on_the_gpu(tmp_path, parts):
     (m,) = RowReduceTemplate().find(g, set())
     space = RowReduceTemplate().space(m, "cuda")
     config = {k: v[0] for k, v in space.items()}
-    config["PARTS"] = parts
-    name = f"wide{parts}"
+    config["PARTS"], config["ONE_READ"] = parts, one_read
+    name = f"wide{parts}_{int(one_read)}"
     module = load_source(FILE_HEADER + PRELUDE_IMPORTS + "\n" + PRELUDE + RowReduceTemplate().render(m, config, name),
                          name)
-    x = torch.randn(64, 200001, device="cuda") * 4
-    got = getattr(module, name)(x)
-    torch.testing.assert_close(got[0], torch.log_softmax(x, -1), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(got[1], torch.softmax(x * 2, -1), atol=1e-5, rtol=1e-4)
+    for _ in range(3):
+        x = torch.randn(64, 200001, device="cuda") * 4
+        got = getattr(module, name)(x)
+        torch.testing.assert_close(got[0], torch.log_softmax(x, -1), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got[1], torch.softmax(x * 2, -1), atol=1e-5, rtol=1e-4)
+
+
+CHAINED_WIDE = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(F.layer_norm(x, (x.shape[-1],)), dim=-1)
+def get_inputs(): return [torch.randn(3, 20001)]
+def get_init_inputs(): return []
+"""
+
+
+@pytest.mark.parametrize("parts", [7, 16])
+def test_rows_shared_by_programs_are_read_once_in_one_kernel(tmp_path, parts):
+    """ONE_READ: one kernel, each program reducing a share and later writing the outputs of an earlier share, after
+    waiting for that share's rows' partials; it matches the reference, whatever the lag."""
+    g = captured(tmp_path, WIDE_SOFTMAX)
+    (m,) = RowReduceTemplate().find(g, set())
+    space = RowReduceTemplate().space(m, "cuda")
+    assert True in space["ONE_READ"]
+    config = {"PARTS": parts, "BLOCK_C": 512, "ONE_READ": True}
+    source = RowReduceTemplate().render(m, {**{k: v[0] for k, v in space.items()}, **config}, "k")
+    assert source.count("@triton.jit") == 1 and "while done <" in source
+    run_match(RowReduceTemplate(), g, m, config)
+
+
+def test_one_read_declines_a_reduction_of_a_reduction(tmp_path):
+    """LayerNorm then softmax: the softmax reads the normalized row, which needs the row's mean and variance first;
+    the one-read form says so (a hopeless configuration), the split form runs."""
+    from kernelevolve.templates.base import HopelessConfig
+
+    g = captured(tmp_path, CHAINED_WIDE)
+    (m,) = RowReduceTemplate().find(g, set())
+    space = RowReduceTemplate().space(m, "cuda")
+    config = {**{k: v[0] for k, v in space.items()}, "PARTS": 8, "ONE_READ": True}
+    with pytest.raises(HopelessConfig, match="one-read"):
+        RowReduceTemplate().render(m, config, "k")
+    run_match(RowReduceTemplate(), g, m, {**config, "ONE_READ": False})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import dtype, op_name, shape
@@ -15,6 +16,9 @@ from kernelevolve.templates.rowreduce.frame import MAX_TILE, REDUCTIONS, VIEWS, 
 # Tile values per thread past which a configuration is not rendered: Hopper has 255 registers a thread, and a tile of
 # more spills to local memory, runs slowly and can take ptxas minutes to compile (a 16 x 4096 tile on one warp).
 MAX_PER_THREAD = 128
+# The one-read split form (ONE_READ) writes a share of a row back once about this many bytes were read after it: well
+# inside an H100's or H200's 50 MB L2, so the share's second read comes from L2 rather than memory.
+L2_SHARE = 16 << 20
 
 
 class _Operand:
@@ -237,7 +241,8 @@ def {name}({", ".join(args.values())}):
 
 def _render_parts(g: _Gen, match: Any, config: dict[str, Any], name: str, c: int, rows: int, block_r: int,
                   block_c: int, warps: int, span: int) -> str:
-    """Each row shared by several programs (rowreduce/split.py): a kernel per reduction, then one for the outputs."""
+    """Each row shared by several programs (rowreduce/split.py): a kernel per reduction, then one for the outputs; or,
+    with ONE_READ, one kernel that reads the row from memory once."""
     from kernelevolve.templates.rowreduce import split
 
     parts = triton_cdiv(c, span)
@@ -247,13 +252,25 @@ def _render_parts(g: _Gen, match: Any, config: dict[str, Any], name: str, c: int
                "scalar_ancestors": _scalar_ancestors, "fold": fold, "cross_lane": CROSS_LANE,
                "write_outputs": write_outputs}
     wide = rows * c >= 2**31
-    sources, slots = split.kernels(g, c, parts, span, reds, helpers, name, ptrs, rows, wide)
     outs = ", ".join(f"torch.empty({list(shape(n))!r}, dtype={dtype(n)}, device=_dev)" for n in match.outputs)
     args = {a: f"x{i}" for i, a in enumerate(match.inputs)}
     call = ", ".join(args[a] for (a, _sq) in g.loads)
-    launches = "\n    ".join(
-        f"{name}_part{k}_kernel[grid]({call}{', ' if call else ''}*outs, part, BLOCK_R={block_r}, BLOCK_C={block_c}, "
-        f"num_warps={warps}, num_stages={int(config.get('num_stages', 1))})" for k in range(len(sources)))
+    settings = f"BLOCK_R={block_r}, BLOCK_C={block_c}, num_warps={warps}, num_stages={int(config.get('num_stages', 1))}"
+    blocks = triton_cdiv(rows, block_r)
+    if config.get("ONE_READ"):
+        # shares a program writes back, while those read since (about L2_SHARE bytes) leave them in L2
+        share_bytes = block_r * span * max(t.itemsize for t in _load_dtypes(g))
+        lag = min(blocks * parts, max(parts, L2_SHARE // share_bytes))
+        source, slots = split.one_read(g, c, parts, span, reds, helpers, name, ptrs, rows, wide, blocks, lag)
+        launches = (f"sync = torch.zeros({blocks + 1}, dtype=torch.int32, device=_dev)  # rows' counts, tickets\n"
+                    f"    {name}_kernel[({blocks * parts + lag},)]({call}{', ' if call else ''}*outs, part, sync, "
+                    f"{settings})")
+        sources = [source]
+    else:
+        sources, slots = split.kernels(g, c, parts, span, reds, helpers, name, ptrs, rows, wide)
+        launches = f"grid = ({blocks}, {parts})\n    " + "\n    ".join(
+            f"{name}_part{k}_kernel[grid]({call}{', ' if call else ''}*outs, part, {settings})"
+            for k in range(len(sources)))
     return "\n\n".join(sources) + f'''
 
 def {name}({", ".join(args.values())}):
@@ -261,10 +278,14 @@ def {name}({", ".join(args.values())}):
     {"; ".join(f"x{i} = x{i}.contiguous()" for i in range(len(args)))}
     outs = ({outs},)
     part = torch.empty({max(1, slots) * rows * parts}, dtype=torch.float32, device=_dev)  # each row's partials
-    grid = (_cdiv({rows}, {block_r}), {parts})
     {launches}
     return outs
 '''
+
+
+def _load_dtypes(g: _Gen) -> list[torch.dtype]:
+    """The dtypes of the region's loaded tensors (float32 where it loads none)."""
+    return [a.meta["val"].dtype for (a, _sq) in g.loads if "val" in a.meta] or [torch.float32]
 
 
 def triton_cdiv(a: int, b: int) -> int:

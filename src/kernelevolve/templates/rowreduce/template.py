@@ -150,6 +150,8 @@ class RowReduceTemplate:
             # choice enough of them for about 16 programs on each of ~132 SMs
             first = _parts(rows, out["BLOCK_R"][0])
             out["PARTS"] = list(dict.fromkeys([first] + [p for p in (1, 4, 8, 16, 32, 64) if p != first]))
+            # shared rows read once from memory, in one kernel (reductions that read no other reduction only)
+            out["ONE_READ"] = [False, True]
         tile = (pow2(c) if out["PERSISTENT"][0] else min(out["BLOCK_C"][0], pow2(c))) * min(out["BLOCK_R"][0], rows)
         out["num_warps"] = _warps(tile)
         return out
