@@ -1,0 +1,237 @@
+"""Candidate from kernelevolve's template proposer (variant): matmul."""
+
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _erf(x):
+    return tl.erf(x)
+
+
+@triton.jit
+def _powf(a, b):
+    return tl.exp2(b * tl.log2(a))
+
+
+@triton.jit
+def _fmod(a, b):
+    return libdevice.fmod(a, b)
+
+
+@triton.jit
+def _atan2(a, b):
+    return libdevice.atan2(a, b)
+
+
+def _cdiv(a, b):
+    return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
+
+
+@triton.jit
+def k0_matmul_s0_kernel(a_ptr, b0_ptr, s0_e0_ptr, s0_o0_ptr, M, N, K, s_ab, s_am, s_ak, s_b0b, s_b0k, s_b0n, s0_e0_sn,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    rb64 = tl.program_id(1).to(tl.int64)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * grid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.program_id(2) * BLOCK_K + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak
+    b0_ptrs = b0_ptr + rb64 * s_b0b + rk[:, None] * s_b0k + (rn % N)[None, :] * s_b0n
+    s0_acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b0 = tl.load(b0_ptrs)
+        else:
+            k_left = K - k * (BLOCK_K * SPLIT_K)
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b0 = tl.load(b0_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        s0_acc0 = tl.dot(a, b0, s0_acc0, input_precision="ieee")
+        a_ptrs += (BLOCK_K * SPLIT_K) * s_ak
+        b0_ptrs += (BLOCK_K * SPLIT_K) * s_b0k
+    mask_m = rm < M
+    mask_n = rn < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    rm64 = rm.to(tl.int64)
+    s0_e0 = tl.load(s0_e0_ptr + rn * s0_e0_sn, mask=mask_n, other=0)[None, :].to(tl.float32)
+    s0_h0 = s0_acc0 + s0_e0
+    s0_v1_0 = 0.5 * s0_h0 * (1.0 + _erf(s0_h0 * 0.7071067811865476))
+    out_off = rb64 * M * N + rm64[:, None] * N + rn[None, :]
+    tl.store(s0_o0_ptr + out_off, s0_v1_0.to(s0_o0_ptr.dtype.element_ty), mask=mask)
+
+
+k0_matmul_UPCAST = type(k0_matmul_s0_kernel).__name__ == "InterpretedFunction"
+
+
+@triton.jit
+def k0_matmul_s0_tma(a_ptr, b0_ptr, s0_e0_ptr, s0_o0_ptr, Bt, M, N, K, s_ab, s_am, s_ak, s_b0b, s_b0k, s_b0n, s0_e0_sn,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        NUM_SMS: tl.constexpr, A_T: tl.constexpr, B0_T: tl.constexpr, UPCAST: tl.constexpr):
+    if A_T:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[Bt, K, M], strides=[s_ab, s_ak, 1],
+            block_shape=[1, BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[Bt, M, K], strides=[s_ab, s_am, 1],
+            block_shape=[1, BLOCK_M, BLOCK_K])
+    if B0_T:
+        b0_desc = tl.make_tensor_descriptor(b0_ptr, shape=[Bt, N, K], strides=[s_b0b, s_b0n, 1],
+            block_shape=[1, BLOCK_N, BLOCK_K])
+    else:
+        b0_desc = tl.make_tensor_descriptor(b0_ptr, shape=[Bt, K, N], strides=[s_b0b, s_b0k, 1],
+            block_shape=[1, BLOCK_K, BLOCK_N])
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    per_batch = grid_m * grid_n
+    width = GROUP_M * grid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in range(tl.program_id(0), Bt * per_batch, NUM_SMS):
+        rb = tile // per_batch
+        pid = tile % per_batch
+        rb64 = rb.to(tl.int64)
+        first_m = (pid // width) * GROUP_M
+        size_m = min(grid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % width) % size_m
+        pid_n = (pid % width) // size_m
+        om = pid_m * BLOCK_M
+        on = pid_n * BLOCK_N
+        s0_acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(0, k_tiles):
+            ok = kk * BLOCK_K
+            if A_T:
+                a = tl.trans(a_desc.load([rb, ok, om]).reshape(BLOCK_K, BLOCK_M))
+            else:
+                a = a_desc.load([rb, om, ok]).reshape(BLOCK_M, BLOCK_K)
+            if B0_T:
+                b0 = tl.trans(b0_desc.load([rb, on, ok]).reshape(BLOCK_N, BLOCK_K))
+            else:
+                b0 = b0_desc.load([rb, ok, on]).reshape(BLOCK_K, BLOCK_N)
+            s0_acc0 = tl.dot(a, b0, s0_acc0, input_precision="ieee")
+        rm = om + tl.arange(0, BLOCK_M)
+        rn = on + tl.arange(0, BLOCK_N)
+        mask_m = rm < M
+        mask_n = rn < N
+        mask = mask_m[:, None] & mask_n[None, :]
+        rm64 = rm.to(tl.int64)
+        s0_e0 = tl.load(s0_e0_ptr + rn * s0_e0_sn, mask=mask_n, other=0)[None, :].to(tl.float32)
+        s0_h0 = s0_acc0 + s0_e0
+        s0_v1_0 = 0.5 * s0_h0 * (1.0 + _erf(s0_h0 * 0.7071067811865476))
+        out_off = rb64 * M * N + rm64[:, None] * N + rn[None, :]
+        tl.store(s0_o0_ptr + out_off, s0_v1_0.to(s0_o0_ptr.dtype.element_ty), mask=mask)
+
+
+def k0_matmul_tma_ok(*operands):
+    """Whether TMA can describe each [B, R, C] operand: 16-byte aligned base and strides, one unit stride."""
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    for t in operands:
+        size, s = t.element_size(), t.stride()
+        inner = 2 if s[2] == 1 else 1 if s[1] == 1 else None
+        if inner is None or t.data_ptr() % 16:
+            return False
+        for d in (0, 1, 2):
+            if d != inner and t.shape[d] > 1 and (s[d] <= 0 or s[d] * size % 16):
+                return False
+    return True
+
+
+k0_matmul_SMS = {}
+
+
+def k0_matmul_sms(device):
+    if device not in k0_matmul_SMS:
+        k0_matmul_SMS[device] = (torch.cuda.get_device_properties(device).multi_processor_count
+                                 if device.type == "cuda" else 4)
+    return k0_matmul_SMS[device]
+
+
+def k0_matmul_scratch(size, alignment, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def k0_matmul_s0_prep(Bt, M, N, device, x_arg1_1, x_arg0_1, x_arg0_2):
+    e = (x_arg0_2.expand(M, N).reshape(Bt, M, N), )
+    o = (torch.empty((Bt, M, N), device=device, dtype=torch.float32), )
+    return e, o, (o[0].view(*x_arg1_1.shape[:-1], N), )
+
+
+def k0_matmul_s0(x_arg1_1, x_arg0_1, x_arg0_2):
+    a = (x_arg1_1.flatten(0, -2)).unsqueeze(0)
+    b0 = (x_arg0_1.permute(1, 0)).unsqueeze(0)
+    Bt, M, K = a.shape
+    N = b0.shape[2]
+    if tuple(b0.shape) != (Bt, K, N):
+        raise ValueError(f'k0_matmul: cannot multiply {tuple(a.shape)} by {tuple(b0.shape)}')
+    e, o, views = k0_matmul_s0_prep(Bt, M, N, a.device, x_arg1_1, x_arg0_1, x_arg0_2)
+    if k0_matmul_tma_ok(a, b0):
+        if a.is_cuda:
+            triton.set_allocator(k0_matmul_scratch)  # the descriptors' scratch memory
+        sms = k0_matmul_sms(a.device)
+        tiles = Bt * _cdiv(M, 32) * _cdiv(N, 32)
+        k0_matmul_s0_tma[(max(1, min(sms, tiles)),)](a, b0, *e, *o, Bt, M, N, K, *a.stride(), *b0.stride(), e[0].stride(2), BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, NUM_SMS=sms, A_T=a.stride(2) != 1, B0_T=b0.stride(2) != 1, UPCAST=k0_matmul_UPCAST, num_warps=4, num_stages=3)
+    else:
+        k0_matmul_s0_kernel[(_cdiv(M, 32) * _cdiv(N, 32), Bt, 1)](a, b0, *e, *o, M, N, K, *a.stride(), *b0.stride(), e[0].stride(2), BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=8, SPLIT_K=1, EVEN_K=K % 32 == 0, UPCAST=k0_matmul_UPCAST, num_warps=4, num_stages=3)
+    return views
+
+
+def k0_matmul(*inputs):
+    x_arg1_1, x_arg0_1, x_arg0_2, = inputs
+    x_gelu, = k0_matmul_s0(x_arg1_1, x_arg0_1, x_arg0_2)
+    return (x_gelu, )
+
+
+# ---- the reference, verbatim from the problem file ------------------------------------------------------------
+
+
+import torch, torch.nn as nn, torch.nn.functional as F
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(40, 24)
+    def forward(self, x):
+        return F.gelu(self.fc(x))
+def get_inputs(): return [torch.randn(3, 11, 40)]
+def get_init_inputs(): return []
+
+
+# ---- end of reference -----------------------------------------------------------------------------------------
+
+
+class ModelNew(Model):
+    """Candidate from kernelevolve's template proposer (variant): matmul."""
+
+    def forward(self, *args):
+        if len(args) != 1 or not _kernelevolve_shapes_match(args):
+            return super().forward(*args)  # shapes the kernels were not generated for: the reference path
+        _s = [_kernelevolve_state(self, *path) for path in [('fc', 'weight'), ('fc', 'bias')]]
+        v_gelu, = k0_matmul(args[0], _s[0], _s[1])
+        return v_gelu
+
+
+def _kernelevolve_state(module, *path):
+    *owners, leaf = path  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in owners:
+        module = module._modules[part]
+    found = module._parameters.get(leaf)
+    return module._buffers[leaf] if found is None else found
+
+
+def _kernelevolve_shapes_match(args):
+    return (tuple(args[0].shape) == (3, 11, 40) and args[0].dtype == torch.float32)

@@ -1,0 +1,182 @@
+"""Candidate from kernelevolve's template proposer (variant): matmul_reduction."""
+
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _erf(x):
+    return tl.erf(x)
+
+
+@triton.jit
+def _powf(a, b):
+    return tl.exp2(b * tl.log2(a))
+
+
+@triton.jit
+def _fmod(a, b):
+    return libdevice.fmod(a, b)
+
+
+@triton.jit
+def _atan2(a, b):
+    return libdevice.atan2(a, b)
+
+
+def _cdiv(a, b):
+    return -(-a // b)  # launch grids in plain integers (triton.cdiv is a constexpr function in recent Triton)
+
+
+@triton.jit
+def k0_matmul_reduction_kernel(a_ptr, b0_ptr, a_lo_ptr, b0_lo_ptr, s0_e0_ptr, out0_ptr, M, N, K, s_am, s_ak, s_b0k, s_b0n, s0_e0_sn,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_C: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (rm % M)[:, None] * s_am + rk[None, :] * s_ak
+    b0_ptrs = b0_ptr + rk[:, None] * s_b0k + (rn % N)[None, :] * s_b0n
+    a_lo_ptrs = a_lo_ptr + (rm % M)[:, None] * s_am + rk[None, :] * s_ak
+    b0_lo_ptrs = b0_lo_ptr + rk[:, None] * s_b0k + (rn % N)[None, :] * s_b0n
+    s0_acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b0 = tl.load(b0_ptrs)
+            a_lo = tl.load(a_lo_ptrs)
+            b0_lo = tl.load(b0_lo_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b0 = tl.load(b0_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            a_lo = tl.load(a_lo_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b0_lo = tl.load(b0_lo_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        s0_acc0 = tl.dot(a_lo, b0, s0_acc0, input_precision="tf32")
+        s0_acc0 = tl.dot(a, b0_lo, s0_acc0, input_precision="tf32")
+        s0_acc0 = tl.dot(a, b0, s0_acc0, input_precision="tf32")
+        a_ptrs += BLOCK_K * s_ak
+        b0_ptrs += BLOCK_K * s_b0k
+        a_lo_ptrs += BLOCK_K * s_ak
+        b0_lo_ptrs += BLOCK_K * s_b0k
+    mask_m = rm < M
+    mask_n = rn < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    rm64 = rm.to(tl.int64)
+    s0_e0 = tl.load(s0_e0_ptr + rn * s0_e0_sn, mask=mask_n, other=0)[None, :].to(tl.float32)
+    s0_h0 = s0_acc0 + s0_e0
+    rows = rm64[:, None]
+    rmask = rows < M
+    cols = rn[None, :]
+    cmask = cols < N
+    v_amax = tl.max(tl.where(mask, s0_h0, float('-inf')), axis=1)[:, None]
+    v_sub = (s0_h0 - v_amax)
+    v_exp = tl.exp(v_sub)
+    v_sum_1 = tl.sum(tl.where(mask, v_exp, 0.0), axis=1)[:, None]
+    v_div = (v_exp / v_sum_1)
+    tl.store(out0_ptr + (rows * 33) + cols, (v_div + tl.zeros([BLOCK_R, BLOCK_C], tl.float32)).to(tl.float32), mask=mask)
+
+
+k0_matmul_reduction_UPCAST = type(k0_matmul_reduction_kernel).__name__ == "InterpretedFunction"
+
+
+@triton.jit
+def k0_matmul_reduction_split_kernel(x_ptr, hi_ptr, lo_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    bits = x.to(tl.int32, bitcast=True)
+    # the nearest value with TF32's 10 mantissa bits (rounding the magnitude's bits), truncated instead where
+    # rounding would pass the largest finite float; then what is left (none where hi is x: infinities too)
+    hi = ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+    hi = tl.where(tl.abs(hi) > 3.4e38, (bits & -0x2000).to(tl.float32, bitcast=True), hi)
+    tl.store(hi_ptr + offs, hi, mask=mask)
+    tl.store(lo_ptr + offs, tl.where(hi == x, 0.0, x - hi), mask=mask)
+
+
+def k0_matmul_reduction_split(x):
+    if any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape)):
+        one = x[tuple(slice(0, 1) if s == 0 else slice(None) for s in x.stride())]
+        hi, lo = k0_matmul_reduction_split(one)
+        return hi.expand(x.shape), lo.expand(x.shape)
+    hi = torch.empty_like(x)
+    if hi.stride() != x.stride():  # not dense: split a row-major copy into row-major parts
+        x = x.contiguous()
+        hi = torch.empty_like(x)
+    lo = torch.empty_like(hi)
+    n = x.numel()
+    k0_matmul_reduction_split_kernel[(_cdiv(n, 4096),)](x, hi, lo, n, BLOCK=4096, num_warps=8)
+    return hi, lo
+
+
+def k0_matmul_reduction_s0_prep(Bt, M, N, device, x_arg0_1, x_arg0_2, x_arg1_1):
+    e = (x_arg0_2.expand(M, N).reshape(Bt, M, N), )
+    o = ()
+    return e, o, ()
+
+
+def k0_matmul_reduction(*inputs):
+    x_arg0_1, x_arg0_2, x_arg1_1, = inputs
+    a = x_arg1_1
+    b0 = x_arg0_1.permute(1, 0)
+    M, K = a.shape
+    N = b0.shape[1]
+    if tuple(b0.shape) != (K, N):
+        raise ValueError(f'k0_matmul_reduction: cannot multiply {tuple(a.shape)} by {tuple(b0.shape)}')
+    e, _, _ = k0_matmul_reduction_s0_prep(1, M, N, a.device, x_arg0_1, x_arg0_2, x_arg1_1)
+    outs = (torch.empty([1030, 33], dtype=torch.float32, device=a.device),)
+    a, a_lo = k0_matmul_reduction_split(a)
+    b0, b0_lo = k0_matmul_reduction_split(b0)
+    k0_matmul_reduction_kernel[(_cdiv(M, 16),)](a, b0, a_lo, b0_lo, *e, *outs, M, N, K, *a.stride(), *b0.stride(), e[0].stride(2), 
+        BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, BLOCK_R=16, BLOCK_C=64, EVEN_K=K % 32 == 0,
+        UPCAST=k0_matmul_reduction_UPCAST, num_warps=8, num_stages=3)
+    return outs
+
+
+# ---- the reference, verbatim from the problem file ------------------------------------------------------------
+
+
+import torch, torch.nn as nn, torch.nn.functional as F
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(40, 33)
+    def forward(self, x):
+        return torch.softmax(self.gate(x), dim=-1)
+def get_inputs(): return [torch.randn(1030, 40)]
+def get_init_inputs(): return []
+
+
+# ---- end of reference -----------------------------------------------------------------------------------------
+
+
+class ModelNew(Model):
+    """Candidate from kernelevolve's template proposer (variant): matmul_reduction."""
+
+    def forward(self, *args):
+        if len(args) != 1 or not _kernelevolve_shapes_match(args):
+            return super().forward(*args)  # shapes the kernels were not generated for: the reference path
+        _s = [_kernelevolve_state(self, *path) for path in [('gate', 'weight'), ('gate', 'bias')]]
+        v_div, = k0_matmul_reduction(_s[0], _s[1], args[0])
+        return v_div
+
+
+def _kernelevolve_state(module, *path):
+    *owners, leaf = path  # a parameter or buffer by its state_dict name, looked up afresh on every call
+    for part in owners:
+        module = module._modules[part]
+    found = module._parameters.get(leaf)
+    return module._buffers[leaf] if found is None else found
+
+
+def _kernelevolve_shapes_match(args):
+    return (tuple(args[0].shape) == (1030, 40) and args[0].dtype == torch.float32)
