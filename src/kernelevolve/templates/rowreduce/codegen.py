@@ -292,15 +292,17 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _store(g: _Gen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str, scalar_mask: str = "rmask") -> str:
+def _store(g: _Gen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str, scalar_mask: str = "rmask",
+           write: str = "tl.store") -> str:
+    """Output ``k``'s value ``n`` written by ``write`` (a store, or an atomic add of a partial sum)."""
     op = g.outs[k]
     row = f"({offset_expr(g.row_sizes, op.row_merged, 'rows')})"
     dt = TL_DTYPES[dtype(n)]
     if g.vec[n]:
         col = "cols" if op.col_stride == 1 else f"cols * {op.col_stride}"
         val = f"({env[n]} + tl.zeros([BLOCK_R, BLOCK_C], tl.float32))"
-        return f"{ind}tl.store({op.var}_ptr + {row} + {col}, {val}.to({dt}), mask=mask)"
-    return (f"{ind}tl.store({op.var}_ptr + {row}, ({env[n]} + tl.zeros([BLOCK_R, 1], tl.float32)).to({dt}), "
+        return f"{ind}{write}({op.var}_ptr + {row} + {col}, {val}.to({dt}), mask=mask)"
+    return (f"{ind}{write}({op.var}_ptr + {row}, ({env[n]} + tl.zeros([BLOCK_R, 1], tl.float32)).to({dt}), "
             f"mask={scalar_mask})")
 
 
@@ -342,16 +344,14 @@ def _body_looped(g: _Gen, c: int, span: int | None = None) -> list[str]:
             continue
         lines.append(f"{ind}v_{r.name} = {values[0]}")
         env[r] = f"v_{r.name}"
-    lines += write_outputs(g, env, chunk, outer_loaded)
-    if span is not None:
-        lines = [line.replace("tl.store(", "tl.atomic_add(") if "tl.store(" in line else line for line in lines]
-    return lines
+    # a share of the reduced dim leaves partial sums, which meet in atomic adds
+    return lines + write_outputs(g, env, chunk, outer_loaded, write="tl.atomic_add" if span is not None else "tl.store")
 
 
 def write_outputs(g: _Gen, env: dict[fx.Node, str], chunk: list[str], loaded: set[tuple[fx.Node, bool]],
-                  scalar_mask: str = "rmask") -> list[str]:
+                  scalar_mask: str = "rmask", write: str = "tl.store") -> list[str]:
     """The outputs once the reductions are in ``env``: the vector ones in a loop over ``chunk``, then the row
-    scalars, stored where ``scalar_mask`` holds."""
+    scalars, stored where ``scalar_mask`` holds; each written by ``write``."""
     ind, inner = "    ", "        "
     lines: list[str] = []
     scal_outs = [o for o in g.m.outputs if not g.vec[o]]
@@ -361,8 +361,8 @@ def write_outputs(g: _Gen, env: dict[fx.Node, str], chunk: list[str], loaded: se
         lines += chunk
         local = dict(env)
         g.ensure(vec_outs, local, inner, lines, set(loaded))
-        lines += [_store(g, k, n, local, inner) for k, n in enumerate(g.m.outputs) if g.vec[n]]
-    return lines + [_store(g, k, n, env, ind, scalar_mask) for k, n in enumerate(g.m.outputs) if not g.vec[n]]
+        lines += [_store(g, k, n, local, inner, write=write) for k, n in enumerate(g.m.outputs) if g.vec[n]]
+    return lines + [_store(g, k, n, env, ind, scalar_mask, write) for k, n in enumerate(g.m.outputs) if not g.vec[n]]
 
 
 CROSS_LANE = {"sum": "tl.sum", "amax": "tl.max", "amin": "tl.min"}
