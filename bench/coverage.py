@@ -66,7 +66,7 @@ def _op(node: Any) -> str:
 def cover(path: Path, real: bool = False) -> dict[str, Any]:
     """One problem's row: its regions, the ATen ops left unclaimed, or why it could not be traced."""
     from kernelevolve.problem import Problem, source_sha
-    from kernelevolve.propose.template import _claim
+    from kernelevolve.propose.template import claim_regions
 
     row: dict[str, Any] = {"problem": f"{path.parent.name}/{path.stem}"}
     t0 = time.monotonic()
@@ -76,7 +76,7 @@ def cover(path: Path, real: bool = False) -> dict[str, Any]:
         return dict(row, status="not traced", error=str(e)[:500], regions=[], unclaimed={})
     source = path.read_text()
     problem = Problem(path=str(path), source=source, sha=source_sha(source), name=path.stem)
-    plan = _claim(graph, problem, "cuda")
+    plan = claim_regions(graph, problem, "cuda")
     claimed = {n for r in plan.regions for n in r.match.nodes}
     unclaimed = collections.Counter(_op(n) for n in graph.calls() if n not in claimed)
     row.update(status="traced", ops=len(graph.calls()), seconds=round(time.monotonic() - t0, 2),

@@ -87,7 +87,7 @@ def test_group_norm_over_spatial_dims_is_one_statistics_region_and_one_affine(sh
     input) and the ops after it are one pointwise region: every op but the views is claimed, in the model's values."""
     from kernelevolve.analyze.graph import capture, node_values
     from kernelevolve.problem import build_model, import_module_from_path, load_problem, make_inputs
-    from kernelevolve.propose.template import _claim
+    from kernelevolve.propose.template import claim_regions
 
     path = tmp_path / "group_norm.py"
     path.write_text(GROUP_NORM.format(affine=affine, dtype=dtype, shape=shape))
@@ -98,7 +98,7 @@ def test_group_norm_over_spatial_dims_is_one_statistics_region_and_one_affine(sh
     out = node_values(graph)[graph.outputs()[0]]
     torch.testing.assert_close(out.float(), expected.float(), **({"atol": 2e-2, "rtol": 2e-2}
                                                                  if dtype == "bfloat16" else {}))
-    plan = _claim(graph, problem, "cuda")
+    plan = claim_regions(graph, problem, "cuda")
     claimed = {n for r in plan.regions for n in r.match.nodes}
     left = {op_name(n) for n in graph.calls() if n not in claimed}
     assert left <= {"view", "_unsafe_view", "reshape", "unsqueeze", "expand", "as_strided", "_to_copy"}, left

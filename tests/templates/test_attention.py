@@ -13,7 +13,8 @@ import torch
 from kernelevolve.analyze.graph import capture, node_values
 from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS
 from kernelevolve.problem import load_problem
-from kernelevolve.templates.attention import AttentionTemplate, _layout
+from kernelevolve.templates.attention import AttentionTemplate
+from kernelevolve.templates.attention.render import layout_of
 from kernelevolve.templates.base import FILE_HEADER, load_source
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
@@ -204,17 +205,17 @@ def test_no_match(tmp_path, forward):
 
 def test_layout_reads_batch_dims_without_copying():
     x = torch.empty(2, 5, 3, 4).transpose(1, 2)  # [B, H, S, D] over a [B, S, H, D] buffer
-    assert _layout(x, 6, 5, 4) == (2, 3, 0, 60, 4, 12, 1)
-    assert _layout(x.transpose(2, 3), 6, 4, 5) == (2, 3, 0, 60, 4, 1, 12)
-    assert _layout(torch.empty(4, 6)[:, :4], 1, 4, 4) == (1, 1, 0, 0, 0, 6, 1)
-    assert _layout(torch.empty(4, 4).t(), 1, 2, 8) is None
+    assert layout_of(x, 6, 5, 4) == (2, 3, 0, 60, 4, 12, 1)
+    assert layout_of(x.transpose(2, 3), 6, 4, 5) == (2, 3, 0, 60, 4, 1, 12)
+    assert layout_of(torch.empty(4, 6)[:, :4], 1, 4, 4) == (1, 1, 0, 0, 0, 6, 1)
+    assert layout_of(torch.empty(4, 4).t(), 1, 2, 8) is None
 
 
 def test_the_generated_operand_works_out_a_layout_once_per_shape_and_strides():
-    from kernelevolve.templates.attention.render import _helpers
+    from kernelevolve.templates.attention.render import helper_source
 
     env: dict = {}
-    exec(_helpers("k0"), env)
+    exec(helper_source("k0"), env)
     x = torch.empty(2, 5, 3, 4).transpose(1, 2)
     assert env["k0_operand"](x, 6, 5, 4)[1] == (2, 3, 0, 60, 4, 12, 1)
     assert env["k0_operand"](x.contiguous(), 6, 5, 4)[1] == (1, 6, 0, 0, 20, 4, 1)  # same shape, new strides

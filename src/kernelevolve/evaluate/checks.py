@@ -133,7 +133,7 @@ def _value_errors(ref: torch.Tensor, r_all: torch.Tensor, o_all: torch.Tensor, w
                   spans: list[tuple[int, int]], atol: float, rtol: float,
                   exact: Callable[[], torch.Tensor | None]) -> str | None:
     """How many elements finite on both sides are outside the tolerance, and the worst of them."""
-    widen = _Widening(ref, exact, atol, rtol) if ref.dtype.is_floating_point else None
+    widen = Widening(ref, exact, atol, rtol) if ref.dtype.is_floating_point else None
     n_bad, worst = 0, None
     for a, b in spans:
         r, o = r_all[a:b].to(wide), o_all[a:b].to(ref.device, wide)
@@ -175,7 +175,7 @@ def _special_patterns(r_all: torch.Tensor, o_all: torch.Tensor, wide: torch.dtyp
     return "Inf pattern differs" if inf_differs else None
 
 
-class _Widening:
+class Widening:
     """Re-judges the elements outside the tolerance around the reference against the exact (float64) result, which
     is computed on the first such element and then shared by every chunk."""
 

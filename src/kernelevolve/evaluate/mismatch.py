@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kernelevolve.evaluate import checks
-from kernelevolve.evaluate.checks import _Widening, compared_as, exact_per_output, judged_as, outside_tolerance, tolerance
+from kernelevolve.evaluate.checks import Widening, compared_as, exact_per_output, judged_as, outside_tolerance, tolerance
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class _Scan:
         self.flat = ref.dim() < 2 or self.cols > MAX_COLUMNS  # footprints over runs of elements instead
         fp_cols = 1 if self.flat else self.cols
         self.wrong, self.zeros = _Footprint(fp_cols, ref.device), _Footprint(fp_cols, ref.device)
-        self.widen = _Widening(ref, exact, atol, rtol) if ref.dtype.is_floating_point else None
+        self.widen = Widening(ref, exact, atol, rtol) if ref.dtype.is_floating_point else None
         self.largest: list[tuple[float, int, Any, Any]] = []
         self.special: list[int] = []
         self.counts = {"nan_ref": 0, "nan_out": 0, "inf_ref": 0, "inf_out": 0}

@@ -21,7 +21,7 @@ from kernelevolve.analyze.graph import CapturedGraph, dtype
 from kernelevolve.model.partition import Region
 from kernelevolve.model.regionfile import region_parts
 from kernelevolve.templates.base import Match
-from kernelevolve.templates.program import CLASS, DEVICE_LINE, STATE_LINE, _guard, forward_body
+from kernelevolve.templates.program import CLASS, DEVICE_LINE, STATE_LINE, guard_source, forward_body
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def _compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc:
     cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs,
                        prologue="".join(f"        {line}\n" for line in prologue),
                        body="\n".join("        " + line for line in body),
-                       guards="\n            and ".join(_guard(graph, dynamic)))
+                       guards="\n            and ".join(guard_source(graph, dynamic)))
     loader = LOADER.strip("\n") + (OPS.rstrip("\n") if compiled else "")
     parts = [f'"""{doc}"""', "import torch\nimport torch.nn as nn",
              "# ---- the model, verbatim " + "-" * 86, model_source.rstrip(),

@@ -167,9 +167,9 @@ def _components(nodes: list[fx.Node]) -> list[list[fx.Node]]:
 
 def partition(graph: CapturedGraph, problem: Any, device: str) -> Partition:
     """The families' claims over the whole graph and the glue between them, in graph order."""
-    from kernelevolve.propose.template import _claim
+    from kernelevolve.propose.template import claim_regions
 
-    plan = _claim(graph, problem, device)
+    plan = claim_regions(graph, problem, device)
     order = {n: i for i, n in enumerate(graph.graph.nodes)}
     claimed = [(r.match.family, list(r.match.nodes)) for r in plan.regions]
     taken = {n for _, nodes in claimed for n in nodes}

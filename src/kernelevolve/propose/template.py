@@ -61,7 +61,7 @@ class Plan:
 MAX_GRAPH_OPS = 5000
 
 
-def _claim(graph: Any, problem: Any, device: str) -> Plan:
+def claim_regions(graph: Any, problem: Any, device: str) -> Plan:
     """Let every family claim its regions of ``graph``, most specific first."""
     from kernelevolve.templates.registry import FAMILIES
 
@@ -96,10 +96,10 @@ def plan_problem(problem: Any, device: str) -> Plan:
     from kernelevolve.analyze.graph import CaptureError, capture, dynamic_dims
 
     try:
-        plan = _claim(capture(problem), problem, device)
+        plan = claim_regions(capture(problem), problem, device)
         dynamic, seed = dynamic_dims(problem)
         if dynamic:
-            alt = _claim(capture(problem, input_seed=seed), problem, device)
+            alt = claim_regions(capture(problem, input_seed=seed), problem, device)
             if [r.key for r in alt.regions] == [r.key for r in plan.regions]:
                 plan.dynamic, plan.alt = dynamic, alt
     except CaptureError as e:

@@ -137,7 +137,7 @@ def forward_body(graph: CapturedGraph, matches: list[Match], launchers: dict[str
     return lines
 
 
-def _guard(graph: CapturedGraph, dynamic: dict[int, set[int]]) -> list[str]:
+def guard_source(graph: CapturedGraph, dynamic: dict[int, set[int]]) -> list[str]:
     checks = []
     for i, m in enumerate(graph.input_meta):
         if isinstance(m, tuple) and len(m) == 2 and isinstance(m[1], torch.dtype):
@@ -203,5 +203,5 @@ def assemble(problem_source: str, graph: CapturedGraph, matches: list[Match], ke
     cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs,
                        prologue="".join(f"        {line}\n" for line in prologue),
                        body="\n".join("        " + line for line in body),
-                       guards="\n            and ".join(_guard(graph, dynamic or {})))
+                       guards="\n            and ".join(guard_source(graph, dynamic or {})))
     return "\n\n\n".join(parts) + "\n" + cls

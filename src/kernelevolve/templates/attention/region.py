@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze import pointwise
 from kernelevolve.analyze.graph import op_name, shape, tensor_args, topo_index
-from kernelevolve.templates.attention.render import _layout
+from kernelevolve.templates.attention.render import layout_of
 from kernelevolve.templates.graphutil import CASTS, DIM_OPS, RESHAPES, SAME
 
 REPLAY_OPS = DIM_OPS | {"select", "slice"}  # replayed on the runtime tensor by the launcher
@@ -18,7 +18,7 @@ OUT_OPS = (DIM_OPS - {"expand"}) | CASTS
 INDEX_SOURCES = {"arange", "full"}
 
 
-class _NoMatch(Exception):
+class NoMatch(Exception):
     pass
 
 
@@ -26,7 +26,7 @@ class _NoMatch(Exception):
 
 
 @dataclass
-class _Region:
+class Region:
     pv: fx.Node
     mode: str = "softmax"
     zero_empty: bool = False  # SDPA: rows with every key masked give 0 (plain softmax gives NaN)
@@ -50,7 +50,7 @@ class _Region:
         return [self.qk, self.pv, *self.prefix, *self.main, *self.side, *self.softmax, *self.pchain, *ops, *self.out]
 
 
-def _scale(n: fx.Node) -> float | None:
+def softmax_scale(n: fx.Node) -> float | None:
     """The factor of ``x * c`` or ``x / c`` with a Python number ``c``."""
     if op_name(n) not in ("mul", "div") or len(n.args) != 2 or n.kwargs:
         return None
@@ -62,7 +62,7 @@ def _scale(n: fx.Node) -> float | None:
     return float(b) if op_name(n) == "mul" else 1.0 / float(b)
 
 
-def _climb(node: fx.Node, used: set[fx.Node], ok: Any) -> list[fx.Node]:
+def climb(node: fx.Node, used: set[fx.Node], ok: Any) -> list[fx.Node]:
     """[source, ..., node]: the chain of single-user, single-input nodes ``ok`` accepts above and at ``node``."""
     chain = [node]
     while (node.op == "call_function" and node not in used and ok(node) and len(node.users) == 1
@@ -72,7 +72,7 @@ def _climb(node: fx.Node, used: set[fx.Node], ok: Any) -> list[fx.Node]:
     return chain
 
 
-def _operand_op(n: fx.Node) -> bool:
+def operand_op(n: fx.Node) -> bool:
     return op_name(n) in REPLAY_OPS or (pointwise.can_emit(n) and op_name(n) not in ("full_like", "scalar_tensor"))
 
 
@@ -129,7 +129,7 @@ def _descendants(node: fx.Node) -> set[fx.Node]:
     return out
 
 
-def _score_graph(reg: _Region, used: set[fx.Node], zmn: tuple[int, int, int]) -> None:
+def _score_graph(reg: Region, used: set[fx.Node], zmn: tuple[int, int, int]) -> None:
     """Fill qk, prefix, main, side and leaves from the nodes above ``reg.x``."""
     seen, stack, bmms = set(), [reg.x], set()
     while stack:
@@ -144,7 +144,7 @@ def _score_graph(reg: _Region, used: set[fx.Node], zmn: tuple[int, int, int]) ->
             stack.extend(tensor_args(n))
     found = [b for b in bmms if shape(b) == zmn and reg.x in _descendants(b) | {b}]
     if len(found) != 1:
-        raise _NoMatch("the scores must come from one bmm")
+        raise NoMatch("the scores must come from one bmm")
     reg.qk = qk = found[0]
     below = _descendants(qk)
     cur = qk
@@ -157,13 +157,13 @@ def _score_graph(reg: _Region, used: set[fx.Node], zmn: tuple[int, int, int]) ->
     s_shape = shape(reg.s_node)
     for n in reg.main:
         if not pointwise.can_emit(n) or shape(n) != s_shape:
-            raise _NoMatch(f"{n.name} is not an elementwise op on the scores")
+            raise NoMatch(f"{n.name} is not an elementwise op on the scores")
     for n in reg.side:
         if pointwise.is_pointwise(n) and not pointwise.can_emit(n):
-            raise _NoMatch(f"no Triton expression for {n.name}")
+            raise NoMatch(f"no Triton expression for {n.name}")
 
 
-def _prune(reg: _Region) -> None:
+def _prune(reg: Region) -> None:
     """Side nodes used outside the region become external inputs; then list the leaves."""
     inside = set(reg.nodes())
     changed = True
@@ -182,11 +182,11 @@ def _prune(reg: _Region) -> None:
                 leaves.append(a)
     below = _descendants(reg.qk) | {reg.qk}
     if any(a in below for a in leaves):
-        raise _NoMatch("the scores feed something the score chain reads (a second reduction?)")
+        raise NoMatch("the scores feed something the score chain reads (a second reduction?)")
     reg.leaves = leaves
 
 
-def _s_dims(reg: _Region, z: int, m: int, n: int,
+def _s_dims(reg: Region, z: int, m: int, n: int,
             reduced: int | None = None) -> tuple[list[int], list[int], int | None, int, list[int]]:
     """Shape/strides of the score tensor over the bmm output, its query and key dims, batch dims in z order.
     A single key leaves no dim to find by its size: it is the one the softmax reduces (``reduced``), else the last."""
@@ -211,10 +211,10 @@ def _s_dims(reg: _Region, z: int, m: int, n: int,
     expect = m * n
     for st, d in reversed(batch):
         if st != expect:
-            raise _NoMatch("the score views reorder the batch")
+            raise NoMatch("the score views reorder the batch")
         expect *= t.shape[d]
     if kdim is None or expect != z * m * n:
-        raise _NoMatch("no key dim in the scores")
+        raise NoMatch("no key dim in the scores")
     return list(t.shape), list(t.stride()), qdim, kdim, [d for _, d in batch]
 
 
@@ -228,7 +228,7 @@ def _apply(node: fx.Node, t: torch.Tensor) -> torch.Tensor:
     return node.target(t, *node.args[1:], **node.kwargs)
 
 
-def _p_chain_ok(reg: _Region, s_shape: list[int], s_strides: list[int], zmn: tuple[int, int, int]) -> bool:
+def _p_chain_ok(reg: Region, s_shape: list[int], s_strides: list[int], zmn: tuple[int, int, int]) -> bool:
     """The views from the weights to bmm(p, v) read them back in the order bmm(q, k^T) wrote them."""
     t = torch.empty_strided(s_shape, s_strides, device="meta")
     try:
@@ -240,7 +240,7 @@ def _p_chain_ok(reg: _Region, s_shape: list[int], s_strides: list[int], zmn: tup
     return tuple(t.shape) == zmn and all(s == 1 or st == w for s, st, w in zip(t.shape, t.stride(), want))
 
 
-def _out_layout(chain: list[fx.Node], pv: fx.Node) -> tuple | None:
+def out_layout_of(chain: list[fx.Node], pv: fx.Node) -> tuple | None:
     """Strides through which the kernel writes bmm(p, v) into a contiguous tensor shaped like the chain's end."""
     end = chain[-1] if chain else pv
     t = torch.empty(shape(end), device="meta")
@@ -258,10 +258,10 @@ def _out_layout(chain: list[fx.Node], pv: fx.Node) -> tuple | None:
                 t = t.view(shape(src))
     except RuntimeError:
         return None
-    return _layout(t, *shape(pv))
+    return layout_of(t, *shape(pv))
 
 
-def _in_map(u: fx.Node, x: fx.Node, du: list[int | None]) -> list[int | None] | None:
+def in_map(u: fx.Node, x: fx.Node, du: list[int | None]) -> list[int | None] | None:
     """Which score dim each dim of ``x`` indexes, given the same for its user ``u``."""
     name, sx, su = op_name(u), shape(x), shape(u)
     rx, ru = len(sx), len(su)
@@ -296,7 +296,7 @@ def _in_map(u: fx.Node, x: fx.Node, du: list[int | None]) -> list[int | None] | 
     return res
 
 
-def _dim_maps(reg: _Region, rank: int) -> dict[fx.Node, list[int | None]]:
+def dim_maps(reg: Region, rank: int) -> dict[fx.Node, list[int | None]]:
     """Map every side value and leaf onto the score dims; a side node that cannot be mapped becomes a leaf."""
     while True:
         dm: dict[fx.Node, list[int | None]] = {n: list(range(rank)) for n in reg.main}
@@ -304,7 +304,7 @@ def _dim_maps(reg: _Region, rank: int) -> dict[fx.Node, list[int | None]]:
         order = topo_index(reg.pv.graph)
         bad = None
         for x in sorted([*reg.side, *reg.leaves], key=order.__getitem__, reverse=True):
-            maps = [_in_map(u, x, dm[u]) for u in x.users if u in inner]
+            maps = [in_map(u, x, dm[u]) for u in x.users if u in inner]
             shared = op_name(x) != "arange"  # an arange may be read along a different axis by each user
             if any(m is None or (shared and m != maps[0]) for m in maps):
                 bad = x
@@ -313,6 +313,6 @@ def _dim_maps(reg: _Region, rank: int) -> dict[fx.Node, list[int | None]]:
         if bad is None:
             return dm
         if bad in reg.leaves:
-            raise _NoMatch(f"{bad.name} does not broadcast onto the scores one way")
+            raise NoMatch(f"{bad.name} does not broadcast onto the scores one way")
         reg.side.remove(bad)
         _prune(reg)

@@ -14,7 +14,7 @@ LOG2E = 1.4426950408889634
 # ---- runtime layout helpers, also rendered into the kernel file ------------------------------------------------
 
 
-def _layout(x, z, m, k):
+def layout_of(x, z, m, k):
     """(n1, n2, s0, s1, s2, sm, sk): ``x`` read as [z, m, k], z split over three strided dims; None if it cannot."""
     dims = [(s, st) for s, st in zip(x.shape, x.stride()) if s != 1]
     inner = []
@@ -48,15 +48,15 @@ def _operand(x, z, m, k):
     if lay is False:
         if x.numel() != z * m * k:
             raise ValueError(f"expected {z}x{m}x{k} elements, got shape {tuple(x.shape)}")
-        lay = _LAYOUTS[key] = _layout(x, z, m, k)
+        lay = _LAYOUTS[key] = layout_of(x, z, m, k)
     if lay is None:  # batch dims that three strides cannot express: one copy, as the reference's reshape makes
         return _operand(x.reshape(z, m, k), z, m, k)
     return x, lay
 
 
-def _helpers(name: str) -> str:
-    src = "\n\n".join(inspect.getsource(f) for f in (_layout, _operand))
-    src = src.replace("_layout(", f"{name}_layout(").replace("_operand(", f"{name}_operand(")
+def helper_source(name: str) -> str:
+    src = "\n\n".join(inspect.getsource(f) for f in (layout_of, _operand))
+    src = src.replace("layout_of(", f"{name}_layout(").replace("_operand(", f"{name}_operand(")
     return f"{name}_LAYOUTS = {{}}  # (shape, strides, z, m, k) -> layout, or None where the operand needs a copy\n\n\n" \
         + src.replace("_LAYOUTS", f"{name}_LAYOUTS")
 
@@ -64,7 +64,7 @@ def _helpers(name: str) -> str:
 # ---- rendering ---------------------------------------------------------------------------------------------------
 
 
-def _clamp(block: int, size: int) -> int:
+def clamp(block: int, size: int) -> int:
     return min(block, max(16, pow2(size)))
 
 
@@ -153,7 +153,7 @@ def _indent(lines: list[str], depth: int) -> str:
     return "\n".join(" " * (4 * depth) + line for line in lines)
 
 
-def _kernel(spec: dict[str, Any], name: str) -> str:
+def kernel_source(spec: dict[str, Any], name: str) -> str:
     tensors = ["q", "k", "v", "o"] + [f"a{i}" for i in range(len(spec["aux"]))]
     ptrs = ", ".join(t.upper() for t in tensors)
     lays = ",\n    ".join(", ".join(f"{t}_{f}" for f in ("n1", "n2", "s0", "s1", "s2", "sa", "sb")) for t in tensors)
@@ -204,10 +204,10 @@ def {name}_kernel(
 '''
 
 
-def _launch_config(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, int]:
+def launch_config(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, int]:
     """Blocks clamped to the problem, and stages/key block cut until the pipelined tiles fit in shared memory."""
     _, m, n, d, dv = spec["sizes"]
-    bm, bn = _clamp(int(config["BLOCK_M"]), m), _clamp(int(config["BLOCK_N"]), n)
+    bm, bn = clamp(int(config["BLOCK_M"]), m), clamp(int(config["BLOCK_N"]), n)
     bd, bdv, stages = max(16, pow2(d)), max(16, pow2(dv)), int(config["num_stages"])
     esize = 4 if spec["qk_dtype"] == "tl.float32" else 2
 
@@ -222,7 +222,7 @@ def _launch_config(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, in
             "num_stages": stages}
 
 
-def _launcher(spec: dict[str, Any], name: str, cfg: dict[str, int]) -> str:
+def launcher_source(spec: dict[str, Any], name: str, cfg: dict[str, int]) -> str:
     z, m, n, d, dv = spec["sizes"]
     ops = spec["operands"]
     body = []

@@ -8,7 +8,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze import pointwise
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape, tensor_args, topo_index
-from kernelevolve.templates.attention.region import REPLAY_OPS, _in_map, _NoMatch, _Region, _scale
+from kernelevolve.templates.attention.region import REPLAY_OPS, in_map, NoMatch, Region, softmax_scale
 from kernelevolve.templates.base import Match
 from kernelevolve.templates.graphutil import CASTS, DIM_OPS, RESHAPES, SAME
 
@@ -32,7 +32,7 @@ def _known(graph: CapturedGraph, node: fx.Node) -> torch.Tensor | None:
     return None
 
 
-def _evaluate(reg: _Region, values: dict[fx.Node, Any], probe: torch.Tensor) -> dict[fx.Node, Any]:
+def _evaluate(reg: Region, values: dict[fx.Node, Any], probe: torch.Tensor) -> dict[fx.Node, Any]:
     vals = dict(values)
     vals[reg.s_node] = probe
     order = topo_index(reg.pv.graph)
@@ -46,7 +46,7 @@ def _evaluate(reg: _Region, values: dict[fx.Node, Any], probe: torch.Tensor) -> 
     return vals
 
 
-def _probe(graph: CapturedGraph, reg: _Region, s_shape: list[int], qdim: int | None,
+def probe_spec(graph: CapturedGraph, reg: Region, s_shape: list[int], qdim: int | None,
            kdim: int) -> tuple[list[int | None], dict[fx.Node, Any]]:
     """The band [lo, hi] of ``j - i`` outside which weights are zero whatever the scores, and the boundary values
     that are constant inside it. Scores are probed with random fills; masks come from indices and module state."""
@@ -130,7 +130,7 @@ def _reciprocal(n: fx.Node, env: dict[fx.Node, str]) -> str | None:
     return f"({env[n.args[0]]} * {1.0 / c!r})" if ok else None
 
 
-def _score_code(reg: _Region, env0: dict[fx.Node, str], consts: dict[fx.Node, Any],
+def _score_code(reg: Region, env0: dict[fx.Node, str], consts: dict[fx.Node, Any],
                 prefix: str) -> tuple[list[str], str]:
     """Triton statements computing ``reg.x`` from ``s`` (the scaled scores), indices and loaded leaves."""
     env, cv, lines = dict(env0), dict(consts), []
@@ -172,7 +172,7 @@ def _score_code(reg: _Region, env0: dict[fx.Node, str], consts: dict[fx.Node, An
     return lines, env[reg.x]
 
 
-def _index_env(reg: _Region, dm: dict[fx.Node, list[int | None]], qdim: int | None, kdim: int) -> dict[fx.Node, str]:
+def _index_env(reg: Region, dm: dict[fx.Node, list[int | None]], qdim: int | None, kdim: int) -> dict[fx.Node, str]:
     """``arange`` values as expressions of the query/key offsets: on the arange itself, or on each view of it when
     the views read it along different axes."""
     env = {}
@@ -183,24 +183,24 @@ def _index_env(reg: _Region, dm: dict[fx.Node, list[int | None]], qdim: int | No
         a, ov = n.args, n.target._overloadname
         start, step = (0, 1) if ov == "default" else (a[0], a[2] if len(a) > 2 else 1)
         if not all(isinstance(v, int) for v in (start, step)):
-            raise _NoMatch("non-integer arange")
+            raise NoMatch("non-integer arange")
         dt = n.kwargs.get("dtype")
         cast = ".to(tl.float32)" if dt is not None and dt.is_floating_point else ""
         direct = set()
         for u in (u for u in n.users if u in inner):
-            (d,) = _in_map(u, n, dm[u])
+            (d,) = in_map(u, n, dm[u])
             if d is None:
                 expr = str(start)
             elif d in (qdim, kdim):
                 expr = f"({'offs_m[:, None]' if d == qdim else 'offs_n[None, :]'} * {step} + {start}){cast}"
             else:
-                raise _NoMatch("an index mask over a batch dim")
+                raise NoMatch("an index mask over a batch dim")
             if op_name(u) in DIM_OPS and not pointwise.is_pointwise(u):
                 env[u] = expr
             else:
                 direct.add(expr)
         if len(direct) > 1:
-            raise _NoMatch("an arange read along two axes by elementwise ops")
+            raise NoMatch("an arange read along two axes by elementwise ops")
         if direct:
             env[n] = direct.pop()
     return env
@@ -209,10 +209,10 @@ def _index_env(reg: _Region, dm: dict[fx.Node, list[int | None]], qdim: int | No
 def _simple(chain: list[fx.Node], scales: bool) -> bool:
     """Only casts (and, if ``scales``, multiplies by constants) between the source and the operand."""
     pw = [n for n in chain[1:] if op_name(n) not in REPLAY_OPS]
-    return all(op_name(n) in CASTS or (scales and _scale(n)) for n in pw)
+    return all(op_name(n) in CASTS or (scales and softmax_scale(n)) for n in pw)
 
 
-def _dot_dtypes(reg: _Region, end: fx.Node) -> tuple[torch.dtype, torch.dtype]:
+def _dot_dtypes(reg: Region, end: fx.Node) -> tuple[torch.dtype, torch.dtype]:
     """The dtypes the two dots run in. Half sources upcast only for the math (SDPA on the CPU) keep the half dot:
     q.k products are exact in fp32 either way; p is rounded to v's half type, as flash attention does, when the
     output is half too."""
@@ -231,7 +231,7 @@ def _operand_code(role: str, chain: list[fx.Node], to: torch.dtype, fold: bool) 
     if _simple(chain, fold):
         factor = 1.0
         for n in pw:
-            factor *= _scale(n) or 1.0
+            factor *= softmax_scale(n) or 1.0
         return ([f"{role} = {role}.to({pointwise.TL_DTYPES[to]})"] if dtype(src) != to else []), factor
     lines = [f"{role}_x = {role}.to(tl.float32)"]
     env = pointwise.emit(pw, {src: f"{role}_x"}, lines, prefix=f"{role}_p")
@@ -271,7 +271,7 @@ def _aux_spec(dmap: list[int | None], index: int, s_shape: list[int], qdim: int 
             "dims": [src.get(d) if d is not None else None for d in perm], "kind": kind}
 
 
-def _spec(reg: _Region, match: Match, dims: tuple, dm: dict[fx.Node, list[int | None]], band: list[int | None],
+def spec_of(reg: Region, match: Match, dims: tuple, dm: dict[fx.Node, list[int | None]], band: list[int | None],
           consts: dict[fx.Node, Any], out_layout: tuple) -> dict[str, Any]:
     s_shape, _, qdim, kdim, zorder = dims
     idx = {node: i for i, node in enumerate(match.inputs)}
@@ -285,9 +285,9 @@ def _spec(reg: _Region, match: Match, dims: tuple, dm: dict[fx.Node, list[int | 
         operands[role] = {"input": idx[chain[0]], "replay": _replay(role, chain), "code": code}
     env0 = {reg.s_node: "s"}
     cur = reg.s_node
-    while len(cur.users) == 1 and next(iter(cur.users)) in reg.main and _scale(next(iter(cur.users))):
+    while len(cur.users) == 1 and next(iter(cur.users)) in reg.main and softmax_scale(next(iter(cur.users))):
         cur = next(iter(cur.users))
-        scale *= _scale(cur)
+        scale *= softmax_scale(cur)
         env0[cur] = "s"
     env0.update(_index_env(reg, dm, qdim, kdim))
     aux = []

@@ -114,7 +114,7 @@ def _rows(spec: dict) -> tuple[list[str], str, list[str], list[str], list[str]]:
     return lines, "", params, prep, args
 
 
-def _render_dot(match: Match, config: dict[str, Any], name: str) -> str:
+def render_dot(match: Match, config: dict[str, Any], name: str) -> str:
     spec = match.spec
     out = match.outputs[0]
     pairs_node = next(n for n in match.nodes if n.name == spec["pick"])
@@ -196,7 +196,7 @@ def _chain(nodes: list[fx.Node], env: dict[fx.Node, str], prefix: str) -> tuple[
     return lines, var
 
 
-def _render_fm(match: Match, config: dict[str, Any], name: str) -> str:
+def render_fm(match: Match, config: dict[str, Any], name: str) -> str:
     spec = match.spec
     by_name = {n.name: n for n in match.nodes}
     r = {k: by_name[v] for k, v in spec["roles"].items()}

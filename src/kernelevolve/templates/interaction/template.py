@@ -11,7 +11,7 @@ from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
 from kernelevolve.analyze.pointwise import can_emit
 from kernelevolve.templates.base import Match, claim_each, make_match
 from kernelevolve.templates.graphutil import CASTS, RESHAPES, ancestors_within, const_value, pow2, view_chain, view_map
-from kernelevolve.templates.interaction.render import _render_dot, _render_fm
+from kernelevolve.templates.interaction.render import render_dot, render_fm
 from kernelevolve.templates.matmul.launch import precisions
 
 FAMILY = "interaction"
@@ -296,4 +296,4 @@ class InteractionTemplate:
         return space
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
-        return _render_dot(match, config, name) if match.spec["form"] == "dot" else _render_fm(match, config, name)
+        return render_dot(match, config, name) if match.spec["form"] == "dot" else render_fm(match, config, name)

@@ -9,11 +9,11 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, region_io, shape, tensor_args
 from kernelevolve.templates.base import Match, claim_each, make_match
 from kernelevolve.templates.graphutil import bind
-from kernelevolve.templates.matmul.kernels import _precision, fused_kernel, upcast_flag
-from kernelevolve.templates.matmul.launch import (KNOBS, _first, _itemsize, fit_fused, fused_launcher, gemm_space,
+from kernelevolve.templates.matmul.kernels import precision_args, fused_kernel, upcast_flag
+from kernelevolve.templates.matmul.launch import (KNOBS, first_choice, itemsize_of, fit_fused, fused_launcher, gemm_space,
                                                   launcher_text, precisions, prep_text, render_gemm, splittable,
                                                   tensor_core_prior)
-from kernelevolve.templates.matmul.operands import (CASTS, SPLITS, VIEWS, _chainable, _keeps_order, _numel,
+from kernelevolve.templates.matmul.operands import (CASTS, SPLITS, VIEWS, chainable, keeps_order, numel_of,
                                                     feeding_casts, gemm_parts, grow, is_gemm, operand)
 from kernelevolve.templates.matmul.stage import Head, StageBuilder, finish, single
 
@@ -125,7 +125,7 @@ class DualGemmTemplate(MatmulTemplate):
         b0 = operand(gemm_parts(g0)[1], {g0}, taken)
         b1 = operand(gemm_parts(g1)[1], {g1}, taken)
         base = {g0, g1, *a0.nodes, *a1.nodes, *b0.nodes, *b1.nodes}
-        epi = grow(base, _numel(shape(g0)), taken)
+        epi = grow(base, numel_of(shape(g0)), taken)
         match = finish(self.family, self.kind, base, epi, a0, [Head(g0, g0, b0), Head(g1, g1, b1)], taken)
         return self._one_output(match, [g0, g1])
 
@@ -133,7 +133,7 @@ class DualGemmTemplate(MatmulTemplate):
         n_full, views, v = shape(node)[-1], [], node
         while len(v.users) == 1 and not set(v.users) & taken:
             u = next(iter(v.users))
-            if op_name(u) not in VIEWS or not _keeps_order(u) or shape(u)[-1] != n_full:
+            if op_name(u) not in VIEWS or not keeps_order(u) or shape(u)[-1] != n_full:
                 break
             views.append(u)
             v = u
@@ -155,7 +155,7 @@ class DualGemmTemplate(MatmulTemplate):
         a = operand(a_node, {node}, taken)
         b = operand(b_node, {node, *a.nodes}, taken)
         base = {node, *views, *own, *items, *a.nodes, *b.nodes}
-        epi = grow(base, _numel(shape(items[0])), taken)
+        epi = grow(base, numel_of(shape(items[0])), taken)
         heads = [Head(items[0], node, b, 0), Head(items[1], node, b, 1)]
         return self._one_output(finish(self.family, self.kind, base, epi, a, heads, taken), items)
 
@@ -192,7 +192,7 @@ class BatchedSmallTemplate:
     @staticmethod
     def _next_layer(hn: fx.Node, taken: set[fx.Node]) -> fx.Node | None:
         v = hn
-        while len(v.users) == 1 and _chainable(next(iter(v.users)), taken):
+        while len(v.users) == 1 and chainable(next(iter(v.users)), taken):
             v = next(iter(v.users))
         nxt = next(iter(v.users)) if len(v.users) == 1 else None
         if nxt is None or not is_gemm(nxt, taken) or op_name(nxt) not in ("bmm", "baddbmm"):
@@ -208,7 +208,7 @@ class BatchedSmallTemplate:
         if b.source not in weights:
             return None
         base0 = {g0, *a.nodes, *b.nodes}
-        epi0 = grow(base0, _numel(shape(g0)), taken)
+        epi0 = grow(base0, numel_of(shape(g0)), taken)
         outs = region_io(list(base0) + epi0)[1]
         if len(outs) != 1:
             return None
@@ -224,14 +224,14 @@ class BatchedSmallTemplate:
             return None
         a1 = operand(gemm_parts(g1)[0], {g1}, taken | set(region0))
         # views that keep the order, and expands that change nothing (matmul's broadcast of an already full batch)
-        keeps = all(op_name(c) in CASTS or (op_name(c) in VIEWS and _keeps_order(c))
+        keeps = all(op_name(c) in CASTS or (op_name(c) in VIEWS and keeps_order(c))
                     or (op_name(c) == "expand" and shape(c) == shape(c.args[0])) for c in a1.nodes)
         if a1.source is not hn or not keeps or shape(gemm_parts(g1)[0]) != shape(g0):
             return None
         a1.lead = None
         b1 = operand(gemm_parts(g1)[1], {g1}, taken)
         base1 = set(region0) | {g1, *a1.nodes, *b1.nodes}
-        epi1 = grow(base1, _numel(shape(g1)), taken)
+        epi1 = grow(base1, numel_of(shape(g1)), taken)
         casts = feeding_casts(base1 | set(epi1), [a, b, a1, b1], taken)
         match = make_match(self.family, list(base1) + epi1 + casts, {}, self.kind)
         if match is None:
@@ -255,8 +255,8 @@ class BatchedSmallTemplate:
         # measured on an H200 (8 tasks, 4096 x 512 -> 256 -> 128): bf16 fused 0.26 ms, unfused 0.24 ms; fp32 fused
         # spills (8.3 ms against 0.27 ms), so fusing is the default only for narrow 16-bit intermediates
         fuse = dot != "tl.float32" and s0["N"] <= 128
-        space = {"FUSE": [fuse, not fuse], "BLOCK_M": _first(bm, KNOBS["BLOCK_M"]),
-                 "BLOCK_N": _first(bn, KNOBS["BLOCK_N"]), "BLOCK_K": _first(bk, KNOBS["BLOCK_K"]),
+        space = {"FUSE": [fuse, not fuse], "BLOCK_M": first_choice(bm, KNOBS["BLOCK_M"]),
+                 "BLOCK_N": first_choice(bn, KNOBS["BLOCK_N"]), "BLOCK_K": first_choice(bk, KNOBS["BLOCK_K"]),
                  "num_warps": [4, 8], "num_stages": [3, 4, 2, 5]}
         # operands split in memory serve the unfused stages; the fused kernel renders tf32x3 for that mode
         modes = precisions(dot, match.spec.get("allow_tf32", False), all(map(splittable, match.spec["stages"])),
@@ -273,9 +273,9 @@ class BatchedSmallTemplate:
             calls = [(f"{name}_s0", ins, match.spec["intermediates"]),
                      (f"{name}_s1", ins + match.spec["intermediates"], [s["name"] for s in s1["stores"]])]
             return "\n\n\n".join(parts + [launcher_text(name, match, calls)]) + "\n"
-        cfg = fit_fused(config, s0["sizes"], s1["sizes"], _itemsize(s0["dot"]))
+        cfg = fit_fused(config, s0["sizes"], s1["sizes"], itemsize_of(s0["dot"]))
         mode = config.get("INPUT_PRECISION", "ieee")
-        parts = [fused_kernel(name, s0, s1, _precision(s0["dot"], mode), _precision(s1["dot"], mode)),
+        parts = [fused_kernel(name, s0, s1, precision_args(s0["dot"], mode), precision_args(s1["dot"], mode)),
                  upcast_flag(name, f"{name}_kernel"),
                  prep_text(name, s0, ins, stores=False), prep_text(name, s1, ins),
                  fused_launcher(name, match, s0, s1, cfg)]

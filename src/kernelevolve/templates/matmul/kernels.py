@@ -34,7 +34,7 @@ def _split_dots(accs: list[str], split: str = SPLIT_TF32X3) -> list[str]:
     return lines
 
 
-def _precision(dot: str, mode: str | None) -> str:
+def precision_args(dot: str, mode: str | None) -> str:
     if mode in SPLIT_MODES:
         mode = "tf32x3"
     return f', input_precision="{mode}"' if dot == "tl.float32" and mode else ""
@@ -78,7 +78,7 @@ def _load_extra(e: dict[str, str], rn: str, mask_n: str, mask: str) -> str:
     return f"{v} = {load}{tail}.to({e['type']})"
 
 
-def _epilogue(st: dict[str, Any], rn: str = "rn", mask_n: str = "mask_n", mask: str = "mask", n: str = "N",
+def epilogue_lines(st: dict[str, Any], rn: str = "rn", mask_n: str = "mask_n", mask: str = "mask", n: str = "N",
               stores: bool = True) -> list[str]:
     # 64-bit row offsets: an lm-head output (16384 x 128256) passes 2**31 elements
     out = ["rm64 = rm.to(tl.int64)"] + [_load_extra(e, rn, mask_n, mask) for e in st["extras"]] + list(st["lines"])
@@ -90,7 +90,7 @@ def _epilogue(st: dict[str, Any], rn: str = "rn", mask_n: str = "mask_n", mask: 
     return out
 
 
-def _indent(lines: list[str], depth: int) -> list[str]:
+def indent(lines: list[str], depth: int) -> list[str]:
     return [" " * (4 * depth) + line for line in lines]
 
 
@@ -101,10 +101,10 @@ def _k_loop(loads: list[tuple[str, str, str, str, str]], dots: list[str], step: 
 
     full = [load(v, p, m, c) for v, p, m, _, c in loads]
     masked = [load(v, p, m, c) for v, p, _, m, c in loads]
-    return ["if EVEN_K:"] + _indent(full, 1) + ["else:", f"    k_left = K - k * {step}"] + _indent(masked, 1) + dots
+    return ["if EVEN_K:"] + indent(full, 1) + ["else:", f"    k_left = K - k * {step}"] + indent(masked, 1) + dots
 
 
-def _k_steps(st: dict[str, Any], prec: str, step: str, split: str = "") -> list[str]:
+def k_steps(st: dict[str, Any], prec: str, step: str, split: str = "") -> list[str]:
     """One K step of the tile kernels: load A and each B (masked past K unless EVEN_K), the dots into each
     accumulator, then every pointer ``step`` K tiles on. ``split``: A and each B come as a TF32 part and the rest
     (``*_lo``), and each accumulator takes the three products, the small ones first (``split`` names the mode)."""
@@ -169,7 +169,7 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: s
         ptrs.append("ws_ptr")
     step = "(BLOCK_K * SPLIT_K)"
     accs = st["accs"]
-    k_loop = _k_steps(st, prec, step, split)
+    k_loop = k_steps(st, prec, step, split)
     body = ["pid = tl.program_id(0)", "rb64 = tl.program_id(1).to(tl.int64)", "grid_m = tl.cdiv(M, BLOCK_M)",
             "grid_n = tl.cdiv(N, BLOCK_N)", "width = GROUP_M * grid_n", "first_m = (pid // width) * GROUP_M",
             "size_m = min(grid_m - first_m, GROUP_M)", "pid_m = first_m + (pid % width) % size_m",
@@ -182,10 +182,10 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: s
         body += [f"b{j}{lo}_ptrs = b{j}{lo}_ptr + rb64 * s_b{j}b + rk[:, None] * s_b{j}k + (rn % N)[None, :] * s_b{j}n"
                  for j in range(nb)]
     body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
-    body += ["for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):"] + _indent(k_loop, 1)
+    body += ["for k in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):"] + indent(k_loop, 1)
     body += ["mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"]
     if split_k == 1:
-        body += _epilogue(st)
+        body += epilogue_lines(st)
     else:
         body += ["plane = tl.num_programs(1).to(tl.int64) * M * N",
                  "ws_off = rb64 * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]"]
@@ -194,7 +194,7 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: s
     head = [f"def {name}_{tag}_kernel({', '.join(ptrs + ['M', 'N', 'K'] + strides)},",
             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,",
             "        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):"]
-    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+    return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
 def tma_kernel(name: str, st: dict[str, Any], prec: str, split: str = "") -> str:
@@ -246,14 +246,14 @@ def tma_kernel(name: str, st: dict[str, Any], prec: str, split: str = "") -> str
                        "else:", f"    {v} = {v}_desc.load([rb, ok, on]).reshape(BLOCK_K, BLOCK_N){bc}"]
     k_body += _split_dots(st["accs"], split) if split else \
         [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
-    loop += ["for kk in range(0, k_tiles):"] + _indent(k_body, 1)
+    loop += ["for kk in range(0, k_tiles):"] + indent(k_body, 1)
     loop += ["rm = om + tl.arange(0, BLOCK_M)", "rn = on + tl.arange(0, BLOCK_N)", "mask_m = rm < M",
-             "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"] + _epilogue(st)
-    body += _indent(loop, 1)
+             "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"] + epilogue_lines(st)
+    body += indent(loop, 1)
     head = [f"def {name}_{tag}_tma({', '.join(ptrs + ['Bt', 'M', 'N', 'K'] + strides)},",
             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,",
             f"        NUM_SMS: tl.constexpr, {', '.join(f + ': tl.constexpr' for f in flags)}, UPCAST: tl.constexpr):"]
-    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+    return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
 def tma_helpers(name: str) -> str:
@@ -305,10 +305,10 @@ def reduce_kernel(name: str, st: dict[str, Any]) -> str:
     for j, acc in enumerate(st["accs"]):
         body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)", "for s in tl.static_range(SPLIT_K):",
                  f"    {acc} += tl.load(ws_ptrs + ({j} * SPLIT_K + s) * plane, mask=mask, other=0.0)"]
-    body += _epilogue(st)
+    body += epilogue_lines(st)
     head = [f"def {name}_{st['tag']}_reduce({', '.join(params)},",
             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):"]
-    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+    return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
 def _grid_tile(tile: str) -> list[str]:
@@ -347,15 +347,15 @@ def streamk_kernel(name: str, st: dict[str, Any], prec: str) -> str:
     loop += [f"b{j}_ptrs = b{j}_ptr + rb64 * s_b{j}b + (k0 * BLOCK_K + rk)[:, None] * s_b{j}k "
              f"+ (rn % N)[None, :] * s_b{j}n" for j in range(nb)]
     loop += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
-    loop += ["for k in range(k0, k1):"] + _indent(_k_steps(st, prec, "BLOCK_K"), 1)
+    loop += ["for k in range(k0, k1):"] + indent(k_steps(st, prec, "BLOCK_K"), 1)
     loop += ["piece = tl.program_id(0) - (tile * k_tiles) // ITERS"]
     loop += [f"tl.store({_piece(j, 'piece')}, {acc})" for j, acc in enumerate(accs)]
     loop += ["it += k1 - k0"]
-    body += _indent(loop, 1)
+    body += indent(loop, 1)
     head = [f"def {name}_{tag}_sk({', '.join(ptrs + ['Bt', 'M', 'N', 'K', 'ITERS', 'PIECES'] + strides)},",
             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,",
             "        UPCAST: tl.constexpr):"]
-    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+    return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
 def streamk_fixup(name: str, st: dict[str, Any]) -> str:
@@ -368,10 +368,10 @@ def streamk_fixup(name: str, st: dict[str, Any]) -> str:
     body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in st["accs"]]
     body += ["for piece in range(0, last - first + 1):"]
     body += [f"    {acc} += tl.load({_piece(j, 'piece')})" for j, acc in enumerate(st["accs"])]
-    body += _epilogue(st)
+    body += epilogue_lines(st)
     head = [f"def {name}_{st['tag']}_fix({', '.join(params)},",
             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):"]
-    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+    return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
 def fused_kernel(name: str, s0: dict[str, Any], s1: dict[str, Any], prec0: str, prec1: str) -> str:
@@ -392,17 +392,17 @@ def fused_kernel(name: str, s0: dict[str, Any], s1: dict[str, Any], prec0: str, 
             "a_ptrs = a_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak",
             "b_ptrs = b_ptr + rb64 * s_bb + rk[:, None] * s_bk + rh[None, :] * s_bn",
             f"{acc0} = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)", "for k in range(0, tl.cdiv(K, BLOCK_K)):"]
-    body += _indent(_k_loop(loads, _dot(acc0, "a", "b", acc0, s0["dot"], prec0), "BLOCK_K")
+    body += indent(_k_loop(loads, _dot(acc0, "a", "b", acc0, s0["dot"], prec0), "BLOCK_K")
                     + ["a_ptrs += BLOCK_K * s_ak", "b_ptrs += BLOCK_K * s_bk"], 1)
-    body += _epilogue(s0, "rh", "mask_h", "mask0", "H", stores=False)
+    body += epilogue_lines(s0, "rh", "mask_h", "mask0", "H", stores=False)
     # padded columns must be exact zeros: an epilogue such as sigmoid turns the zero padding into 0.5
     body += [f"hv = tl.where(mask_h[None, :], {s0['stores'][0]['var']}, 0.0).to({s1['dot']})",
              "c_ptrs = c_ptr + rb64 * s_cb + rh[:, None] * s_ck", "for n0 in range(0, N, BLOCK_N):"]
     loop = ["rn = n0 + tl.arange(0, BLOCK_N)", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]",
             f"c = tl.load(c_ptrs + rn[None, :] * s_cn, mask=mask_h[:, None] & mask_n[None, :], other=0.0){cc}",
             *_dot(acc1, "hv", "c", None, s1["dot"], prec1)]
-    body += _indent(loop + _epilogue(s1), 1)
+    body += indent(loop + epilogue_lines(s1), 1)
     head = [f"def {name}_kernel({', '.join(ptrs + ['M', 'K', 'H', 'N'] + strides)},",
             "        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,",
             "        EVEN_K: tl.constexpr, UPCAST: tl.constexpr):"]
-    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+    return "\n".join(["@triton.jit"] + head + indent(body, 1))

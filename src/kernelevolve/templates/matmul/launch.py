@@ -6,7 +6,7 @@ from typing import Any
 
 from kernelevolve.templates.base import HopelessConfig, Match
 from kernelevolve.templates.graphutil import pow2
-from kernelevolve.templates.matmul.kernels import (SPLIT_MODES, SPLIT_TF32X3, SPLIT_TF32X3_FP32SUM, _precision,
+from kernelevolve.templates.matmul.kernels import (SPLIT_MODES, SPLIT_TF32X3, SPLIT_TF32X3_FP32SUM, precision_args,
                                                    gemm_kernel, reduce_kernel, sms_text, split_text, streamk_fixup,
                                                    streamk_kernel, tma_helpers, tma_kernel, upcast_flag)
 
@@ -24,11 +24,11 @@ KNOBS: dict[str, list[Any]] = {"BLOCK_M": [128, 64, 256, 32], "BLOCK_N": [128, 6
                                "num_stages": [3, 4, 2, 5]}
 
 
-def _itemsize(tl_dtype: str) -> int:
+def itemsize_of(tl_dtype: str) -> int:
     return 4 if tl_dtype == "tl.float32" else 2
 
 
-def _first(value: Any, values: list[Any]) -> list[Any]:
+def first_choice(value: Any, values: list[Any]) -> list[Any]:
     return [value] + [v for v in values if v != value]
 
 
@@ -107,9 +107,9 @@ def gemm_space(sizes: dict[str, int], dot: str, n_b: int, allow_tf32: bool = Fal
         split *= 2
     default = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32 if ieee else 64, "GROUP_M": 8, "SPLIT_K": split,
                "num_warps": 8 if n_b * bm * bn >= 128 * 256 else 4, "num_stages": 3}
-    space = {key: _first(default[key], values) for key, values in KNOBS.items()}
+    space = {key: first_choice(default[key], values) for key, values in KNOBS.items()}
     if long_fma:  # fewer splits leave running sums the judge rejects (see above): not worth a candidate
-        space["SPLIT_K"] = _first(split, allowed)
+        space["SPLIT_K"] = first_choice(split, allowed)
     schedules = ["tiles"]
     if has_tma() and not long_fma:
         # "tma": the persistent kernel reading through tensor descriptors (Hopper's TMA); where an operand's layout
@@ -277,10 +277,10 @@ def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: 
     if split and config.get("SCHEDULE") == "streamk":  # stream-K takes the operands whole: the tile kernel
         config = dict(config, SCHEDULE="tiles")
     # a split stage reads two tiles of each operand per K step: twice the shared memory of a stage
-    cfg = fit(config, st["sizes"], _itemsize(st["dot"]) * (2 if split else 1), len(st["bs"]),
+    cfg = fit(config, st["sizes"], itemsize_of(st["dot"]) * (2 if split else 1), len(st["bs"]),
               int(split == SPLIT_TF32X3_FP32SUM))
     cfg["INPUT_PRECISION"] = mode
-    prec = _precision(st["dot"], mode)
+    prec = precision_args(st["dot"], mode)
     params = [f"x_{n.name}" for n in match.inputs] + match.spec.get("intermediates", [])[:int(st["tag"][1:])]
     parts = [gemm_kernel(name, st, cfg["SPLIT_K"], prec, split)]
     if st["tag"] == "s0":

@@ -21,16 +21,16 @@ SPLITS = {"split", "split_with_sizes"}
 MAX_EXTRAS = 8
 
 
-def _numel(s: tuple[int, ...]) -> int:
+def numel_of(s: tuple[int, ...]) -> int:
     return math.prod(s)
 
 
-def _tup(s: Any) -> str:
+def as_tuple(s: Any) -> str:
     s = tuple(s)
     return f"({s[0]},)" if len(s) == 1 else f"({', '.join(map(str, s))})"
 
 
-def _keeps_order(node: fx.Node) -> bool:
+def keeps_order(node: fx.Node) -> bool:
     """A view whose elements keep their row-major order (a permute may only move size-1 dims)."""
     name, src = op_name(node), shape(node.args[0])
     if name == "permute":
@@ -60,11 +60,11 @@ def _replay(c: fx.Node, expr: str, lead: Any) -> tuple[str, Any]:
     if name in ("view", "_unsafe_view", "reshape"):
         if dst == src:
             return expr, lead
-        if len(src) > 2 and dst == (_numel(src[:-1]), src[-1]):
+        if len(src) > 2 and dst == (numel_of(src[:-1]), src[-1]):
             return f"{expr}.flatten(0, -2)", (f"{expr}.shape[:-1]", src[:-1])
-        return f"{expr}.reshape{_tup(dst)}", lead
+        return f"{expr}.reshape{as_tuple(dst)}", lead
     if name == "permute":
-        return f"{expr}.permute{_tup(args[1])}", lead
+        return f"{expr}.permute{as_tuple(args[1])}", lead
     if name == "t":
         return f"{expr}.t()", lead
     if name == "transpose":
@@ -72,7 +72,7 @@ def _replay(c: fx.Node, expr: str, lead: Any) -> tuple[str, Any]:
     if name == "expand":
         off = len(dst) - len(src)
         sizes = [-1 if i >= off and src[i - off] == d else d for i, d in enumerate(dst)]
-        return f"{expr}.expand{_tup(sizes)}", lead
+        return f"{expr}.expand{as_tuple(sizes)}", lead
     if name == "unsqueeze":
         return f"{expr}.unsqueeze({args[1]})", lead
     if name == "squeeze":
@@ -89,7 +89,7 @@ def _replay(c: fx.Node, expr: str, lead: Any) -> tuple[str, Any]:
     return expr, lead  # clone, alias, casts: the values are read as they are
 
 
-def _chainable(n: Any, taken: set[fx.Node]) -> bool:
+def chainable(n: Any, taken: set[fx.Node]) -> bool:
     if not isinstance(n, fx.Node) or n.op != "call_function" or n in taken or op_name(n) not in OPERAND_OPS:
         return False
     if not n.args or not isinstance(n.args[0], fx.Node) or dtype(n) not in FLOATS:
@@ -101,7 +101,7 @@ def operand(node: fx.Node, inside: set[fx.Node], taken: set[fx.Node]) -> Operand
     """Walk up from a GEMM operand through views/casts used only on this path; they become launcher strides."""
     chain: list[fx.Node] = []
     n, casts = node, 0
-    while _chainable(n, taken) and all(u in inside or u in chain for u in n.users):
+    while chainable(n, taken) and all(u in inside or u in chain for u in n.users):
         casts += op_name(n) in CASTS
         if casts > 1:
             break
@@ -115,16 +115,16 @@ def operand(node: fx.Node, inside: set[fx.Node], taken: set[fx.Node]) -> Operand
 
 
 def _absorbable(u: fx.Node, region: set[fx.Node], numel: int, extras: dict[fx.Node, tuple]) -> bool:
-    if u.op != "call_function" or dtype(u) is None or _numel(shape(u)) != numel:
+    if u.op != "call_function" or dtype(u) is None or numel_of(shape(u)) != numel:
         return False
     args = tensor_args(u)
     if op_name(u) in VIEWS:
-        return len(args) == 1 and args[0] in region and _keeps_order(u)
+        return len(args) == 1 and args[0] in region and keeps_order(u)
     if not can_emit(u):
         return False
     new = [a for a in args if a not in region]
     for a in args:
-        if a in region and _numel(shape(a)) != numel:
+        if a in region and numel_of(shape(a)) != numel:
             return False
         if a not in region and (dtype(a) is None or extras.get(a, shape(u)) != shape(u)):
             return False
@@ -141,7 +141,7 @@ def feeding_casts(region: set[fx.Node], operands: list[Operand], taken: set[fx.N
     todo = list(region)
     while todo:
         for a in tensor_args(todo.pop()):
-            if a in region or a in sources or a in found or not _chainable(a, taken) or op_name(a) not in CASTS:
+            if a in region or a in sources or a in found or not chainable(a, taken) or op_name(a) not in CASTS:
                 continue
             if dtype(a.args[0]) in FLOATS and all(u in region or u in found for u in a.users):
                 found.append(a)

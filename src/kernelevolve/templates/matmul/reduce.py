@@ -15,13 +15,13 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
 from kernelevolve.templates.base import HopelessConfig, Match, make_match
 from kernelevolve.templates.graphutil import pow2
-from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3_FP32SUM, _epilogue, _indent, _k_steps, _precision, \
+from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3_FP32SUM, epilogue_lines, indent, k_steps, precision_args, \
     split_text, upcast_flag
-from kernelevolve.templates.matmul.launch import IEEE_LONG, SMEM_BYTES, SMS, WGMMA_ROWS, _first, _itemsize, \
+from kernelevolve.templates.matmul.launch import IEEE_LONG, SMEM_BYTES, SMS, WGMMA_ROWS, first_choice, itemsize_of, \
     _launch_strides, precisions, prep_text, split_mode, splittable
 from kernelevolve.templates.matmul.operands import gemm_parts, is_gemm, operand
 from kernelevolve.templates.matmul.stage import Head, StageBuilder
-from kernelevolve.templates.rowreduce.codegen import _Gen, _store
+from kernelevolve.templates.rowreduce.codegen import RowGen, store_output
 from kernelevolve.templates.rowreduce.frame import Frame
 from kernelevolve.templates.rowreduce.template import RowReduceTemplate
 
@@ -99,7 +99,7 @@ class GemmReduceTemplate:
         # the largest block of rows that still gives every SM a program, with 8 warps at the tile's register budget
         bm = next((x for x in fits if -(-m // x) >= SMS), fits[-1])
         ieee = st["dot"] == "tl.float32"
-        space = {"BLOCK_M": _first(bm, fits), "BLOCK_K": _first(32 if ieee or k <= 32 else 64, [64, 32, 128]),
+        space = {"BLOCK_M": first_choice(bm, fits), "BLOCK_K": first_choice(32 if ieee or k <= 32 else 64, [64, 32, 128]),
                  "num_warps": [8, 4], "num_stages": [3, 4, 2]}
         modes = precisions(st["dot"], match.spec.get("allow_tf32", False), splittable(st), k)
         return {**space, "INPUT_PRECISION": modes} if modes else space
@@ -108,16 +108,16 @@ class GemmReduceTemplate:
         config = {**{k: v[0] for k, v in self.space(match, "cuda").items()}, **config}
         st = match.spec["stages"][0]
         mode, split = split_mode(config, st)
-        cfg = dict(_fit(config, st["sizes"], st["dot"], _itemsize(st["dot"]) * (2 if split else 1),
+        cfg = dict(_fit(config, st["sizes"], st["dot"], itemsize_of(st["dot"]) * (2 if split else 1),
                         int(split == SPLIT_TF32X3_FP32SUM)), SPLIT=split)
         rows = {n.name: n for n in match.nodes}
         sub = make_match("row_reduction", [rows[x] for x in match.spec["rows"]],
                          {"squeezed": match.spec["squeezed"]})
         view = next(n for n in sub.inputs if n.name == match.spec["view"])
-        gen = _Gen(sub, Frame(tuple(match.spec["full"]), match.spec["dim"]), bound={view: match.spec["product"]})
+        gen = RowGen(sub, Frame(tuple(match.spec["full"]), match.spec["dim"]), bound={view: match.spec["product"]})
         gen.merge()
         ins = [f"x_{n.name}" for n in match.inputs]
-        parts = [_kernel(name, st, gen, sub, _precision(st["dot"], mode), split),
+        parts = [_kernel(name, st, gen, sub, precision_args(st["dot"], mode), split),
                  upcast_flag(name, f"{name}_kernel"),
                  prep_text(name, st, ins, stores=False), _launcher(name, match, st, gen, sub, cfg)]
         if split:
@@ -145,7 +145,7 @@ def _fit(config: dict[str, Any], sizes: dict[str, int], dot: str, itemsize: int,
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
 
 
-def _kernel(name: str, st: dict[str, Any], gen: _Gen, sub: Match, prec: str, split: str = "") -> str:
+def _kernel(name: str, st: dict[str, Any], gen: RowGen, sub: Match, prec: str, split: str = "") -> str:
     lo = ["", "_lo"] if split else [""]  # the rest after the TF32 part of a split operand, in the same layout
     ptrs = [f"{v}{s}_ptr" for s in lo for v in ("a", "b0")] + [f"{e['var']}_ptr" for e in st["extras"]]
     ptrs += [f"{o.var}_ptr" for o in gen.loads.values()] + [f"{o.var}_ptr" for o in gen.outs]
@@ -158,22 +158,22 @@ def _kernel(name: str, st: dict[str, Any], gen: _Gen, sub: Match, prec: str, spl
         body += [f"a{s}_ptrs = a{s}_ptr + (rm % M)[:, None] * s_am + rk[None, :] * s_ak",
                  f"b0{s}_ptrs = b0{s}_ptr + rk[:, None] * s_b0k + (rn % N)[None, :] * s_b0n"]
     body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)", "for k in range(0, tl.cdiv(K, BLOCK_K)):"]
-    body += _indent(_k_steps(st, prec, "BLOCK_K", split), 1)
+    body += indent(k_steps(st, prec, "BLOCK_K", split), 1)
     body += ["mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"]
-    body += _epilogue(st, stores=False)
+    body += epilogue_lines(st, stores=False)
     # the row reduction over whole rows of the product, in the row-reduction family's names
     body += ["rows = rm64[:, None]", "rmask = rows < M", "cols = rn[None, :]", "cmask = cols < N"]
     env: dict[fx.Node, str] = {}
     lines: list[str] = []
     gen.ensure(list(sub.outputs), env, "", lines, set())
-    body += lines + [_store(gen, k, n, env, "") for k, n in enumerate(sub.outputs)]
+    body += lines + [store_output(gen, k, n, env, "") for k, n in enumerate(sub.outputs)]
     head = [f"def {name}_kernel({', '.join(ptrs + ['M', 'N', 'K'] + strides)},",
             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,",
             "        BLOCK_C: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):"]
-    return "\n".join(["@triton.jit"] + head + _indent(body, 1))
+    return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
-def _launcher(name: str, match: Match, st: dict[str, Any], gen: _Gen, sub: Match, cfg: dict[str, Any]) -> str:
+def _launcher(name: str, match: Match, st: dict[str, Any], gen: RowGen, sub: Match, cfg: dict[str, Any]) -> str:
     ins = [f"x_{n.name}" for n in match.inputs]
     loads = [f"x_{node.name}.contiguous()" for node, _ in gen.loads]
     outs = ", ".join(f"torch.empty({list(shape(n))!r}, dtype={dtype(n)}, device=a.device)" for n in sub.outputs)

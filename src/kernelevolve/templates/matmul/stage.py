@@ -10,7 +10,7 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import dtype, op_name, shape, tensor_args
 from kernelevolve.analyze.pointwise import TL_DTYPES, compute_dtype, emit
 from kernelevolve.templates.base import Match, make_match
-from kernelevolve.templates.matmul.operands import (VIEWS, Operand, _numel, _tup, feeding_casts, gemm_parts, grow,
+from kernelevolve.templates.matmul.operands import (VIEWS, Operand, numel_of, as_tuple, feeding_casts, gemm_parts, grow,
                                                     half_source, operand)
 
 
@@ -48,7 +48,7 @@ class StageBuilder:
             return "(Bt, M, N)" if self.batched else "(M, N)"
         if self.a.lead and s == tuple(self.a.lead[1]) + (n,):
             return f"(*{self.a.lead[0]}, N)"
-        return _tup(s)
+        return as_tuple(s)
 
     def _extra(self, node: fx.Node, target: tuple[int, ...], target_expr: str, chunk: int | None = None) -> str:
         key = (node, target, chunk)
@@ -135,5 +135,5 @@ def single(family: str, kind: str, node: fx.Node, taken: set[fx.Node]) -> tuple[
     a = operand(a_node, {node}, taken)
     b = operand(b_node, {node, *a.nodes}, taken)
     base = {node, *a.nodes, *b.nodes}
-    epi = grow(base, _numel(shape(node)), taken)
+    epi = grow(base, numel_of(shape(node)), taken)
     return finish(family, kind, base, epi, a, [Head(node, node, b)], taken), a, epi

@@ -34,7 +34,7 @@ class _Operand:
         return any(s != 0 for s in self.row_strides)
 
 
-class _Gen:
+class RowGen:
     """``bound``: outside inputs whose values the kernel already holds (a GEMM's product tile, full-frame), by the
     variable holding them: they are read from there, not loaded."""
 
@@ -186,7 +186,7 @@ class _Gen:
 
 
 def render_region(match: Any, config: dict[str, Any], name: str, frame: Frame) -> str:
-    g = _Gen(match, frame)
+    g = RowGen(match, frame)
     g.merge()
     c = frame.full[frame.d]
     rows = 1
@@ -239,7 +239,7 @@ def {name}({", ".join(args.values())}):
 '''
 
 
-def _render_parts(g: _Gen, match: Any, config: dict[str, Any], name: str, c: int, rows: int, block_r: int,
+def _render_parts(g: RowGen, match: Any, config: dict[str, Any], name: str, c: int, rows: int, block_r: int,
                   block_c: int, warps: int, span: int) -> str:
     """Each row shared by several programs (rowreduce/split.py): a kernel per reduction, then one for the outputs; or,
     with ONE_READ, one kernel that reads the row from memory once."""
@@ -283,7 +283,7 @@ def {name}({", ".join(args.values())}):
 '''
 
 
-def _load_dtypes(g: _Gen) -> list[torch.dtype]:
+def _load_dtypes(g: RowGen) -> list[torch.dtype]:
     """The dtypes of the region's loaded tensors (float32 where it loads none)."""
     return [a.meta["val"].dtype for (a, _sq) in g.loads if "val" in a.meta] or [torch.float32]
 
@@ -292,7 +292,7 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _store(g: _Gen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str, scalar_mask: str = "rmask",
+def store_output(g: RowGen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str, scalar_mask: str = "rmask",
            write: str = "tl.store") -> str:
     """Output ``k``'s value ``n`` written by ``write`` (a store, or an atomic add of a partial sum)."""
     op = g.outs[k]
@@ -306,16 +306,16 @@ def _store(g: _Gen, k: int, n: fx.Node, env: dict[fx.Node, str], ind: str, scala
             f"mask={scalar_mask})")
 
 
-def _body_persistent(g: _Gen, c: int) -> list[str]:
+def _body_persistent(g: RowGen, c: int) -> list[str]:
     ind = "    "
     lines = [f"{ind}cols = cbase", f"{ind}cmask = cols < {c}", f"{ind}mask = rmask & cmask"]
     env: dict[fx.Node, str] = {}
     g.ensure(list(g.m.outputs), env, ind, lines, set())
-    lines += [_store(g, k, n, env, ind) for k, n in enumerate(g.m.outputs)]
+    lines += [store_output(g, k, n, env, ind) for k, n in enumerate(g.m.outputs)]
     return lines
 
 
-def _body_looped(g: _Gen, c: int, span: int | None = None) -> list[str]:
+def _body_looped(g: RowGen, c: int, span: int | None = None) -> list[str]:
     """One pass per reduction, except that amax followed by sum(exp(x - amax)) share one online pass (softmax,
     log-softmax, cross-entropy: two reads of the row instead of three) and a gather is a direct load of the target."""
     ind, inner = "    ", "        "
@@ -348,7 +348,7 @@ def _body_looped(g: _Gen, c: int, span: int | None = None) -> list[str]:
     return lines + write_outputs(g, env, chunk, outer_loaded, write="tl.atomic_add" if span is not None else "tl.store")
 
 
-def write_outputs(g: _Gen, env: dict[fx.Node, str], chunk: list[str], loaded: set[tuple[fx.Node, bool]],
+def write_outputs(g: RowGen, env: dict[fx.Node, str], chunk: list[str], loaded: set[tuple[fx.Node, bool]],
                   scalar_mask: str = "rmask", write: str = "tl.store") -> list[str]:
     """The outputs once the reductions are in ``env``: the vector ones in a loop over ``chunk``, then the row
     scalars, stored where ``scalar_mask`` holds; each written by ``write``."""
@@ -361,14 +361,14 @@ def write_outputs(g: _Gen, env: dict[fx.Node, str], chunk: list[str], loaded: se
         lines += chunk
         local = dict(env)
         g.ensure(vec_outs, local, inner, lines, set(loaded))
-        lines += [_store(g, k, n, local, inner, write=write) for k, n in enumerate(g.m.outputs) if g.vec[n]]
-    return lines + [_store(g, k, n, env, ind, scalar_mask, write) for k, n in enumerate(g.m.outputs) if not g.vec[n]]
+        lines += [store_output(g, k, n, local, inner, write=write) for k, n in enumerate(g.m.outputs) if g.vec[n]]
+    return lines + [store_output(g, k, n, env, ind, scalar_mask, write) for k, n in enumerate(g.m.outputs) if not g.vec[n]]
 
 
 CROSS_LANE = {"sum": "tl.sum", "amax": "tl.max", "amin": "tl.min"}
 
 
-def fold(g: _Gen, r: fx.Node, partner: fx.Node | None, env: dict[fx.Node, str], chunk: list[str],
+def fold(g: RowGen, r: fx.Node, partner: fx.Node | None, env: dict[fx.Node, str], chunk: list[str],
          loaded: set[tuple[fx.Node, bool]]) -> tuple[list[str], list[str]]:
     """The loop over ``chunk`` that reduces ``r`` (with its online ``partner``, the running max and sum of
     exponentials, where it has one) and the row values it leaves: [max, sum] for a pair, else the one reduction."""
@@ -398,7 +398,7 @@ def fold(g: _Gen, r: fx.Node, partner: fx.Node | None, env: dict[fx.Node, str], 
     return lines, [f"{CROSS_LANE[name]}({acc}, axis=1)[:, None]"]
 
 
-def _online_partner(g: _Gen, r: fx.Node, reds: list[fx.Node], env: dict[fx.Node, str]) -> fx.Node | None:
+def _online_partner(g: RowGen, r: fx.Node, reds: list[fx.Node], env: dict[fx.Node, str]) -> fx.Node | None:
     """The sum(exp(x - r)) that can share r's pass, when r = amax(x) and that sum needs no other row scalar."""
     if op_name(r) != "amax":
         return None
@@ -415,7 +415,7 @@ def _online_partner(g: _Gen, r: fx.Node, reds: list[fx.Node], env: dict[fx.Node,
     return None
 
 
-def _gather_direct(g: _Gen, r: fx.Node, env: dict[fx.Node, str], ind: str, lines: list[str],
+def _gather_direct(g: RowGen, r: fx.Node, env: dict[fx.Node, str], ind: str, lines: list[str],
                    loaded: set[tuple[fx.Node, bool]], c: int) -> None:
     """gather(f(x, row scalars), idx) along the row is f(x[idx], row scalars): load the picked elements directly."""
     src, idx = r.args[0], r.args[2]
@@ -459,7 +459,7 @@ def _gather_direct(g: _Gen, r: fx.Node, env: dict[fx.Node, str], ind: str, lines
     env[r] = genv[src]
 
 
-def _scalar_ancestors(g: _Gen, n: fx.Node, env: dict[fx.Node, str]) -> list[fx.Node]:
+def _scalar_ancestors(g: RowGen, n: fx.Node, env: dict[fx.Node, str]) -> list[fx.Node]:
     """Row-scalar region nodes that ``n``'s vector work reads and that can be computed outside the chunk loop."""
     out: list[fx.Node] = []
     seen: set[fx.Node] = set()

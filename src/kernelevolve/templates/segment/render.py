@@ -144,7 +144,7 @@ def _prep(spec: dict, gather: bool) -> tuple[list[str], list[str]]:
     return lines, args
 
 
-def _render(match: Match, config: dict[str, Any], name: str) -> str:
+def render_segment(match: Match, config: dict[str, Any], name: str) -> str:
     spec = match.spec
     gather = "table" in spec["roles"]
     block_d = min(int(config.get("BLOCK_D", 128)), pow2(spec["D"]))

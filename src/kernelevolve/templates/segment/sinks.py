@@ -11,7 +11,7 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import dtype, op_name, shape
 from kernelevolve.templates.graphutil import CASTS, ancestors_within, bind, const_value
 from kernelevolve.templates.segment.facts import lengths_of, lengths_summed
-from kernelevolve.templates.segment.sources import _from_lengths, _from_offsets, _gather, _segment_ids, _values
+from kernelevolve.templates.segment.sources import from_lengths, from_offsets, gather_source, segment_ids, values_source
 
 BAG_OPS = {"_embedding_bag", "_embedding_bag_forward_only", "embedding_bag"}
 SCATTER_OPS = {"index_put", "index_put_", "index_add", "index_add_", "scatter_add", "scatter_add_",
@@ -63,7 +63,7 @@ def _scatter_sink(node: fx.Node) -> tuple[dict, dict, list[fx.Node]] | None:
                 return None
             ids, views = b["index"], []
         else:
-            found = _segment_ids(b["index"], shape(src)[0])
+            found = segment_ids(b["index"], shape(src)[0])
             if found is None:
                 return None
             ids, views = found
@@ -112,7 +112,7 @@ def _fixed_sink(node: fx.Node) -> tuple[dict, dict, list[fx.Node]] | None:
     if op_name(x) in ("view", "_unsafe_view", "reshape") and len(shape(x.args[0])) == 2:
         nodes.append(x)
         x = x.args[0]
-    found = _gather(x) if len(x.users) == 1 else None
+    found = gather_source(x) if len(x.users) == 1 else None
     if found is None or math.prod(shape(found[1])) != n_bags * length:
         return None
     spec = {"reduce": POOL_OPS[op_name(node)], "bags": "fixed", "L": length, "init": None, "extra": 0,
@@ -120,7 +120,7 @@ def _fixed_sink(node: fx.Node) -> tuple[dict, dict, list[fx.Node]] | None:
     return spec, {"table": found[0], "idx": found[1]}, nodes + [x]
 
 
-def _sink(node: fx.Node, gm: fx.GraphModule, offsets: bool = True) -> tuple[dict, dict, list[fx.Node]] | None:
+def sink(node: fx.Node, gm: fx.GraphModule, offsets: bool = True) -> tuple[dict, dict, list[fx.Node]] | None:
     name = op_name(node)
     if name in BAG_OPS:
         found = _bag_sink(node)
@@ -137,21 +137,21 @@ def _sink(node: fx.Node, gm: fx.GraphModule, offsets: bool = True) -> tuple[dict
     spec, roles, nodes = found
     rows = roles.pop("rows", None)
     if rows is not None:
-        src = _values(rows, shape(rows)[0])
+        src = values_source(rows, shape(rows)[0])
         if src is None:
             return None
         roles.update(src[0])
         nodes += src[1]
     if spec["bags"] == "ids":
-        spec["ids_node"] = roles["ids"]  # for the counts beside the pooling (_counts); taken out before the match
-        sorted_ids = _from_lengths(roles["ids"], shape(node)[0], gm)
+        spec["ids_node"] = roles["ids"]  # for the counts beside the pooling (counts_of); taken out before the match
+        sorted_ids = from_lengths(roles["ids"], shape(node)[0], gm)
         if sorted_ids is not None:
             spec["bags"] = "lengths"
             roles["lengths"] = sorted_ids[0]
             del roles["ids"]
             nodes += sorted_ids[1]
             _lengths_as_offsets(spec, roles, nodes)
-        elif offsets and (built := _from_offsets(roles["ids"], shape(node)[0], gm)) is not None:
+        elif offsets and (built := from_offsets(roles["ids"], shape(node)[0], gm)) is not None:
             spec.update(bags="offsets", include_last=built[1], **({"from_zero": True} if built[2] else {}))
             roles["offsets"] = built[0]
             del roles["ids"]
@@ -192,7 +192,7 @@ def _absorb(nodes: list[fx.Node], between: tuple[fx.Node, ...]) -> None:
 def _lengths_as_offsets(spec: dict, roles: dict, nodes: list[fx.Node]) -> None:
     """Lengths that are the differences of offsets (``offsets[1:] - offsets[:-1]``, however spelled): the bags are
     the offsets, last end included. The subtraction joins the region where nothing else reads it; where something does
-    (a mean's divisor), it stays outside, or joins as a count (_counts)."""
+    (a mean's divisor), it stays outside, or joins as a count (counts_of)."""
     found = lengths_of(roles["lengths"])
     if found is None:
         return
@@ -203,7 +203,7 @@ def _lengths_as_offsets(spec: dict, roles: dict, nodes: list[fx.Node]) -> None:
     _absorb(nodes, between)  # from the ids down: the views over the subtraction join even where it stays outside
 
 
-def _normalise(spec: dict, roles: dict, nodes: list[fx.Node], gm: fx.GraphModule) -> None:
+def normalise(spec: dict, roles: dict, nodes: list[fx.Node], gm: fx.GraphModule) -> None:
     """Absorb a flattening view of the indices, and turn constant ``arange`` offsets into fixed-length bags."""
     idx = roles.get("idx")
     if idx is not None and op_name(idx) in ("view", "_unsafe_view", "reshape") and len(shape(idx)) == 1 \

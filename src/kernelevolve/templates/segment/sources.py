@@ -13,7 +13,7 @@ from kernelevolve.templates.graphutil import CASTS, ancestors_within, bind, cons
 from kernelevolve.templates.segment.facts import identity, lengths_near, only_used_within
 
 
-def _gather(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+def gather_source(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     """(table, indices) when ``node`` gathers rows of a 2-D table."""
     name = op_name(node)
     if name == "embedding":
@@ -29,7 +29,7 @@ def _gather(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     return table, idx
 
 
-def _values(node: fx.Node, n_rows: int) -> tuple[dict[str, fx.Node], list[fx.Node]] | None:
+def values_source(node: fx.Node, n_rows: int) -> tuple[dict[str, fx.Node], list[fx.Node]] | None:
     """The source of pooled rows [N, D]: roles (table, idx, psw or values) and the nodes absorbed."""
     roles: dict[str, fx.Node] = {}
     nodes: list[fx.Node] = []
@@ -45,7 +45,7 @@ def _values(node: fx.Node, n_rows: int) -> tuple[dict[str, fx.Node], list[fx.Nod
             roles["psw"] = root if keep else b
             nodes += chain if keep else []
             node = a
-    found = _gather(node) if len(node.users) == 1 else None
+    found = gather_source(node) if len(node.users) == 1 else None
     if found is None:
         if roles:
             return None
@@ -55,7 +55,7 @@ def _values(node: fx.Node, n_rows: int) -> tuple[dict[str, fx.Node], list[fx.Nod
     return roles, nodes
 
 
-def _segment_ids(index: fx.Node, n_rows: int) -> tuple[fx.Node, list[fx.Node]] | None:
+def segment_ids(index: fx.Node, n_rows: int) -> tuple[fx.Node, list[fx.Node]] | None:
     """The [N] segment ids a scatter index [N, D] broadcasts, with the views absorbed."""
     root, chain = view_chain(index)
     if len(shape(root)) not in (1, 2) or math.prod(shape(root)) != n_rows or len(shape(index)) != 2:
@@ -70,7 +70,7 @@ def _segment_ids(index: fx.Node, n_rows: int) -> tuple[fx.Node, list[fx.Node]] |
     return root, chain
 
 
-def _from_lengths(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node]] | None:
+def from_lengths(ids: fx.Node, n_bags: int, gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Node]] | None:
     """``repeat_interleave(lengths)`` (possibly through ``arange(S)[...]``), or the search among the bags' ends
     ``searchsorted(cumsum(lengths), arange(N), right=True)`` (or ``bucketize``): sorted ids, bags given by lengths."""
     ends = _ends_search(ids, gm)
@@ -117,7 +117,7 @@ def _ends_search(ids: fx.Node, gm: fx.GraphModule) -> tuple[fx.Node, list[fx.Nod
     return ends, ancestors_within(pos, set()) + [ids]
 
 
-def _from_offsets(ids: fx.Node, n_bags: int,
+def from_offsets(ids: fx.Node, n_bags: int,
                   gm: fx.GraphModule) -> tuple[fx.Node, bool, bool, list[fx.Node]] | None:
     """``searchsorted(offsets, arange(N), right=True) - 1`` (or ``bucketize``), or the same search among the bags'
     ends, ``searchsorted(offsets[1:], arange(N), right=True)``: the bag of every position, sorted by construction, so
@@ -153,7 +153,7 @@ def _slice_range(node: Any, source: fx.Node) -> range | None:
     return range(shape(source)[0])[b["start"]:b["end"]:b["step"]] if b["dim"] in (0, -1) else None
 
 
-def _counts(spec: dict, roles: dict, nodes: list[fx.Node], ids: fx.Node | None) -> list[list[fx.Node]]:
+def counts_of(spec: dict, roles: dict, nodes: list[fx.Node], ids: fx.Node | None) -> list[list[fx.Node]]:
     """Per-bag values the graph computes beside the pooling that equal ``end - start`` of each bag: the
     ``bincount(ids, minlength=S)`` of the sorted segment ids ``ids`` (or of the ``repeat_interleave`` under them), or,
     when the offsets hold the last end, their differences however spelled (facts.lengths_of). Each is [count node,

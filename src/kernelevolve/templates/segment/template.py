@@ -11,9 +11,9 @@ from kernelevolve.analyze.graph import CapturedGraph, dtype, is_convex, op_name,
 from kernelevolve.analyze.pointwise import can_emit
 from kernelevolve.templates.base import Match, claim_each, make_match
 from kernelevolve.templates.graphutil import closed, pow2, whole_slice
-from kernelevolve.templates.segment.render import _render
-from kernelevolve.templates.segment.sinks import BAG_OPS, _normalise, _sink
-from kernelevolve.templates.segment.sources import _counts
+from kernelevolve.templates.segment.render import render_segment
+from kernelevolve.templates.segment.sinks import BAG_OPS, normalise, sink
+from kernelevolve.templates.segment.sources import counts_of
 
 FAMILY = "segment"
 SPACE = {"BLOCK_D": [128, 64, 256, 32], "BLOCK_L": [16, 32, 64, 8], "num_warps": [4, 2, 8], "num_stages": [1, 2, 3]}
@@ -113,13 +113,13 @@ class SegmentTemplate:
 
     def _claim(self, node: fx.Node, gm: fx.GraphModule, used: set[fx.Node], offsets: bool,
                counts: bool) -> Match | None:
-        found = _sink(node, gm, offsets)
+        found = sink(node, gm, offsets)
         if found is None:
             return None
         spec, roles, nodes = found
         ids = spec.pop("ids_node", None)
-        _normalise(spec, roles, nodes, gm)
-        found_counts = _counts(spec, roles, nodes, ids) if counts else []
+        normalise(spec, roles, nodes, gm)
+        found_counts = counts_of(spec, roles, nodes, ids) if counts else []
         if counts and not found_counts:
             return None
         heads = [c[0] for c in found_counts]
@@ -159,4 +159,4 @@ class SegmentTemplate:
                 "num_warps": list(SPACE["num_warps"]), "num_stages": list(SPACE["num_stages"])}
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
-        return _render(match, config, name)
+        return render_segment(match, config, name)
