@@ -252,7 +252,7 @@ def test_half_towers_claimed_whole(tmp_path, dtype):
     g = capture_problem(tmp_path, forward, "[torch.randn(3, 33, 20)]", init, dtype)
     (match,) = find_all(g)
     assert match.family == "batched_matmul" and set(match.nodes) == set(g.calls())
-    assert all(st["dot"] != "tl.float32" for st in match.spec["stages"])
+    assert all(st.dot != "tl.float32" for st in match.spec["stages"])
     template = BatchedSmallTemplate()
     check(template, match, g, [{"FUSE": True}, {"FUSE": False}, {"FUSE": False, "BLOCK_M": 32, "BLOCK_K": 32}])
 
@@ -478,7 +478,7 @@ def test_split_tf32x3_schedules_and_twice_the_shared_memory(tmp_path):
         launches = render_checked(MatmulTemplate(), m2, g2, tma, "mm_s2", ["mm_s2_s0_tma", "mm_s2_s0_kernel"])
         assert [len(x) for x in launches] == [1, 0]
     sizes = {"Bt": 1, "M": 4096, "N": 4096, "K": 4096}
-    match.spec["stages"][0]["sizes"] = sizes  # the same stage at a size where shared memory binds
+    match.spec["stages"][0].sizes = sizes  # the same stage at a size where shared memory binds
     source = MatmulTemplate().render(match, {"INPUT_PRECISION": SPLIT_TF32X3, "BLOCK_M": 128, "BLOCK_N": 256,
                                              "BLOCK_K": 128, "num_stages": 5, "num_warps": 8}, "mm_test")
     got = {k: int(v) for k, v in re.findall(r"\b(BLOCK_M|BLOCK_N|BLOCK_K|num_stages)=(\d+)", source)}

@@ -46,21 +46,21 @@ class MatmulTemplate:
 
     def space(self, match: Match, device: str) -> dict[str, list[Any]]:
         st = match.spec["stages"][0]
-        return gemm_space(st["sizes"], st["dot"], len(st["bs"]), match.spec.get("allow_tf32", False), splittable(st))
+        return gemm_space(st.sizes, st.dot, len(st.bs), match.spec.get("allow_tf32", False), splittable(st))
 
     def tensor_core_prior(self, match: Match, space: dict[str, list[Any]]) -> dict[str, Any]:
         """Knobs a tensor-core fp32 mode starts from, where the defaults serve the exact FMA dot."""
         st = match.spec["stages"][0]
-        if st["dot"] != "tl.float32" or match.spec.get("allow_tf32", False):
+        if st.dot != "tl.float32" or match.spec.get("allow_tf32", False):
             return {}
-        return tensor_core_prior(st["sizes"], len(st["bs"]), space)
+        return tensor_core_prior(st.sizes, len(st.bs), space)
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
         config = {**{k: v[0] for k, v in self.space(match, "cuda").items()}, **config}
         st = match.spec["stages"][0]
         parts = render_gemm(match, st, config, name)
         ins = [f"x_{n.name}" for n in match.inputs]
-        parts.append(launcher_text(name, match, [(f"{name}_s0", ins, [s["name"] for s in st["stores"]])]))
+        parts.append(launcher_text(name, match, [(f"{name}_s0", ins, [s.name for s in st.stores])]))
         return "\n\n\n".join(parts) + "\n"
 
 
@@ -247,8 +247,8 @@ class BatchedSmallTemplate:
         return match
 
     def space(self, match: Match, device: str) -> dict[str, list[Any]]:
-        s0, s1 = (st["sizes"] for st in match.spec["stages"])
-        dot = match.spec["stages"][0]["dot"]
+        s0, s1 = (st.sizes for st in match.spec["stages"])
+        dot = match.spec["stages"][0].dot
         bm = 64 if s0["M"] > 32 else 32
         bn = 128 if s1["N"] > 64 else (64 if s1["N"] > 32 else 32)
         bk = 32 if dot == "tl.float32" or s0["K"] <= 32 else 64
@@ -271,11 +271,11 @@ class BatchedSmallTemplate:
             cfg = {**config, "GROUP_M": 8, "SPLIT_K": 1}
             parts = render_gemm(match, s0, cfg, name) + render_gemm(match, s1, cfg, name)
             calls = [(f"{name}_s0", ins, match.spec["intermediates"]),
-                     (f"{name}_s1", ins + match.spec["intermediates"], [s["name"] for s in s1["stores"]])]
+                     (f"{name}_s1", ins + match.spec["intermediates"], [s.name for s in s1.stores])]
             return "\n\n\n".join(parts + [launcher_text(name, match, calls)]) + "\n"
-        cfg = fit_fused(config, s0["sizes"], s1["sizes"], itemsize_of(s0["dot"]))
+        cfg = fit_fused(config, s0.sizes, s1.sizes, itemsize_of(s0.dot))
         mode = config.get("INPUT_PRECISION", "ieee")
-        parts = [fused_kernel(name, s0, s1, precision_args(s0["dot"], mode), precision_args(s1["dot"], mode)),
+        parts = [fused_kernel(name, s0, s1, precision_args(s0.dot, mode), precision_args(s1.dot, mode)),
                  upcast_flag(name, f"{name}_kernel"),
                  prep_text(name, s0, ins, stores=False), prep_text(name, s1, ins),
                  fused_launcher(name, match, s0, s1, cfg)]

@@ -2,8 +2,10 @@
 persistent TMA GEMM and the fused two-layer kernel, each with its pointwise epilogue before the one store."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from kernelevolve.templates.matmul.stage import Stage
 
 # fp32 products as three TF32 tensor-core dots on operands split beforehand, in memory, into a TF32 part and the rest
 # (hi*hi + hi*lo + lo*hi): tf32x3's accuracy without splitting every tile in registers inside the K loop. Only the
@@ -21,6 +23,7 @@ def _split_dots(accs: list[str], split: str = SPLIT_TF32X3) -> list[str]:
     """Each accumulator's three TF32 products of split operands (``x``, ``x_lo``), the small ones first; under
     SPLIT_TF32X3_FP32SUM into a fresh sum that is then added to the accumulator (the first product starts from zero,
     so Triton does not fold the add back into the dot)."""
+
     pairs = lambda j: (("a_lo", f"b{j}"), ("a", f"b{j}_lo"), ("a", f"b{j}"))  # noqa: E731
     if split != SPLIT_TF32X3_FP32SUM:
         return [f'{acc} = tl.dot({x}, {y}, {acc}, input_precision="tf32")' for j, acc in enumerate(accs)
@@ -54,17 +57,17 @@ def upcast_flag(name: str, kernel: str) -> str:
     return f'{name}_UPCAST = type({kernel}).__name__ == "InterpretedFunction"'
 
 
-def _epi_ptrs(st: dict[str, Any], stores: bool = True) -> list[str]:
-    ptrs = [f"{e['var']}_ptr" for e in st["extras"]]
-    return ptrs + ([f"{st['tag']}_o{j}_ptr" for j in range(len(st["stores"]))] if stores else [])
+def _epi_ptrs(st: Stage, stores: bool = True) -> list[str]:
+    ptrs = [f"{e.var}_ptr" for e in st.extras]
+    return ptrs + ([f"{st.tag}_o{j}_ptr" for j in range(len(st.stores))] if stores else [])
 
 
-def _epi_strides(st: dict[str, Any]) -> list[str]:
-    return [f"{e['var']}_s{d}" for e in st["extras"] for d in e["dims"]]
+def _epi_strides(st: Stage) -> list[str]:
+    return [f"{e.var}_s{d}" for e in st.extras for d in e.dims]
 
 
 def _load_extra(e: dict[str, str], rn: str, mask_n: str, mask: str) -> str:
-    v, dims = e["var"], e["dims"]
+    v, dims = e.var, e.dims
     off = [f"{v}_ptr"] + ([f"rb64 * {v}_sb"] if "b" in dims else [])
     if "m" in dims and "n" in dims:
         off, m, tail = off + [f"rm64[:, None] * {v}_sm", f"{rn}[None, :] * {v}_sn"], mask, ""
@@ -75,18 +78,18 @@ def _load_extra(e: dict[str, str], rn: str, mask_n: str, mask: str) -> str:
     else:
         m, tail = None, ""
     load = f"tl.load({' + '.join(off)}" + (f", mask={m}, other=0)" if m else ")")
-    return f"{v} = {load}{tail}.to({e['type']})"
+    return f"{v} = {load}{tail}.to({e.type})"
 
 
-def epilogue_lines(st: dict[str, Any], rn: str = "rn", mask_n: str = "mask_n", mask: str = "mask", n: str = "N",
+def epilogue_lines(st: Stage, rn: str = "rn", mask_n: str = "mask_n", mask: str = "mask", n: str = "N",
               stores: bool = True) -> list[str]:
     # 64-bit row offsets: an lm-head output (16384 x 128256) passes 2**31 elements
-    out = ["rm64 = rm.to(tl.int64)"] + [_load_extra(e, rn, mask_n, mask) for e in st["extras"]] + list(st["lines"])
-    if stores and st["stores"]:
+    out = ["rm64 = rm.to(tl.int64)"] + [_load_extra(e, rn, mask_n, mask) for e in st.extras] + list(st.lines)
+    if stores and st.stores:
         out.append(f"out_off = rb64 * M * {n} + rm64[:, None] * {n} + {rn}[None, :]")
-        for j, s in enumerate(st["stores"]):
-            p = f"{st['tag']}_o{j}_ptr"
-            out.append(f"tl.store({p} + out_off, {s['var']}.to({p}.dtype.element_ty), mask={mask})")
+        for j, s in enumerate(st.stores):
+            p = f"{st.tag}_o{j}_ptr"
+            out.append(f"tl.store({p} + out_off, {s.var}.to({p}.dtype.element_ty), mask={mask})")
     return out
 
 
@@ -104,22 +107,22 @@ def _k_loop(loads: list[tuple[str, str, str, str, str]], dots: list[str], step: 
     return ["if EVEN_K:"] + indent(full, 1) + ["else:", f"    k_left = K - k * {step}"] + indent(masked, 1) + dots
 
 
-def k_steps(st: dict[str, Any], prec: str, step: str, split: str = "") -> list[str]:
+def k_steps(st: Stage, prec: str, step: str, split: str = "") -> list[str]:
     """One K step of the tile kernels: load A and each B (masked past K unless EVEN_K), the dots into each
     accumulator, then every pointer ``step`` K tiles on. ``split``: A and each B come as a TF32 part and the rest
     (``*_lo``), and each accumulator takes the three products, the small ones first (``split`` names the mode)."""
-    ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
-    nb = len(st["bs"])
+    ac = f".to({st.a.cast})" if st.a.cast else ""
+    nb = len(st.bs)
     loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac)]
-    loads += [(f"b{j}", f"b{j}_ptrs", "", "rk[:, None] < k_left", f".to({b['cast']})" if b["cast"] else "")
-              for j, b in enumerate(st["bs"])]
+    loads += [(f"b{j}", f"b{j}_ptrs", "", "rk[:, None] < k_left", f".to({b.cast})" if b.cast else "")
+              for j, b in enumerate(st.bs)]
     steps = [f"a_ptrs += {step} * s_ak"] + [f"b{j}_ptrs += {step} * s_b{j}k" for j in range(nb)]
     if not split:
-        dots = [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
+        dots = [line for j, acc in enumerate(st.accs) for line in _dot(acc, "a", f"b{j}", acc, st.dot, prec)]
         return _k_loop(loads, dots, step) + steps
     loads += [("a_lo", "a_lo_ptrs", "", "rk[None, :] < k_left", "")]
     loads += [(f"b{j}_lo", f"b{j}_lo_ptrs", "", "rk[:, None] < k_left", "") for j in range(nb)]
-    dots = _split_dots(st["accs"], split)
+    dots = _split_dots(st.accs, split)
     steps += [f"a_lo_ptrs += {step} * s_ak"] + [f"b{j}_lo_ptrs += {step} * s_b{j}k" for j in range(nb)]
     return _k_loop(loads, dots, step) + steps
 
@@ -157,8 +160,8 @@ def split_text(name: str) -> str:
         "    return hi, lo"])
 
 
-def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: str = "") -> str:
-    nb, tag = len(st["bs"]), st["tag"]
+def gemm_kernel(name: str, st: Stage, split_k: int, prec: str, split: str = "") -> str:
+    nb, tag = len(st.bs), st.tag
     ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)]
     if split:  # the rest of each operand after its TF32 part, in the same layout
         ptrs += ["a_lo_ptr"] + [f"b{j}_lo_ptr" for j in range(nb)]
@@ -168,7 +171,7 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: s
     else:
         ptrs.append("ws_ptr")
     step = "(BLOCK_K * SPLIT_K)"
-    accs = st["accs"]
+    accs = st.accs
     k_loop = k_steps(st, prec, step, split)
     body = ["pid = tl.program_id(0)", "rb64 = tl.program_id(1).to(tl.int64)", "grid_m = tl.cdiv(M, BLOCK_M)",
             "grid_n = tl.cdiv(N, BLOCK_N)", "width = GROUP_M * grid_n", "first_m = (pid // width) * GROUP_M",
@@ -197,18 +200,18 @@ def gemm_kernel(name: str, st: dict[str, Any], split_k: int, prec: str, split: s
     return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
-def tma_kernel(name: str, st: dict[str, Any], prec: str, split: str = "") -> str:
+def tma_kernel(name: str, st: Stage, prec: str, split: str = "") -> str:
     """The persistent GEMM for Hopper: one program per SM walks the (batch, grouped) tiles; A and each B are read
     through device-side tensor descriptors (TMA), zero-padded past their edges, so the K loop has no masks and no
     address arithmetic. An operand whose rows are contiguous the other way (a transposed weight) is described in that
     order and transposed in registers (``*_T``). The launcher sends here only operands whose layout TMA takes.
     ``split``: each operand also has its rest after the TF32 part (``*_lo``, same layout), and three TF32 products."""
-    nb, tag = len(st["bs"]), st["tag"]
+    nb, tag = len(st.bs), st.tag
     lo = ["a_lo_ptr"] + [f"b{j}_lo_ptr" for j in range(nb)] if split else []
     ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)] + lo + _epi_ptrs(st)
     strides = ["s_ab", "s_am", "s_ak"] + [f"s_b{j}{d}" for j in range(nb) for d in "bkn"] + _epi_strides(st)
     flags = ["A_T"] + [f"B{j}_T" for j in range(nb)]
-    ac = f".to({st['a']['cast']})" if st["a"]["cast"] else ""
+    ac = f".to({st.a.cast})" if st.a.cast else ""
     body: list[str] = []
     for v in ["a", "a_lo"] if split else ["a"]:
         body += ["if A_T:",
@@ -234,18 +237,18 @@ def tma_kernel(name: str, st: dict[str, Any], prec: str, split: str = "") -> str
             "first_m = (pid // width) * GROUP_M", "size_m = min(grid_m - first_m, GROUP_M)",
             "pid_m = first_m + (pid % width) % size_m", "pid_n = (pid % width) // size_m",
             "om = pid_m * BLOCK_M", "on = pid_n * BLOCK_N"]
-    loop += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in st["accs"]]
+    loop += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in st.accs]
     k_body = ["ok = kk * BLOCK_K"]
     for v in ["a", "a_lo"] if split else ["a"]:
         k_body += ["if A_T:", f"    {v} = tl.trans({v}_desc.load([rb, ok, om]).reshape(BLOCK_K, BLOCK_M)){ac}",
                    "else:", f"    {v} = {v}_desc.load([rb, om, ok]).reshape(BLOCK_M, BLOCK_K){ac}"]
-    for j, b in enumerate(st["bs"]):
-        bc = f".to({b['cast']})" if b["cast"] else ""
+    for j, b in enumerate(st.bs):
+        bc = f".to({b.cast})" if b.cast else ""
         for v in [f"b{j}", f"b{j}_lo"] if split else [f"b{j}"]:
             k_body += [f"if B{j}_T:", f"    {v} = tl.trans({v}_desc.load([rb, on, ok]).reshape(BLOCK_N, BLOCK_K)){bc}",
                        "else:", f"    {v} = {v}_desc.load([rb, ok, on]).reshape(BLOCK_K, BLOCK_N){bc}"]
-    k_body += _split_dots(st["accs"], split) if split else \
-        [line for j, acc in enumerate(st["accs"]) for line in _dot(acc, "a", f"b{j}", acc, st["dot"], prec)]
+    k_body += _split_dots(st.accs, split) if split else \
+        [line for j, acc in enumerate(st.accs) for line in _dot(acc, "a", f"b{j}", acc, st.dot, prec)]
     loop += ["for kk in range(0, k_tiles):"] + indent(k_body, 1)
     loop += ["rm = om + tl.arange(0, BLOCK_M)", "rn = on + tl.arange(0, BLOCK_N)", "mask_m = rm < M",
              "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]"] + epilogue_lines(st)
@@ -293,7 +296,7 @@ def sms_text(prefix: str) -> str:
         f"    return {prefix}_SMS[device]"])
 
 
-def reduce_kernel(name: str, st: dict[str, Any]) -> str:
+def reduce_kernel(name: str, st: Stage) -> str:
     """Second pass of split-K: sum the fp32 partials, then the epilogue."""
     params = ["ws_ptr"] + _epi_ptrs(st) + ["M", "N"] + _epi_strides(st)
     body = ["pid = tl.program_id(0)", "rb64 = tl.program_id(1).to(tl.int64)", "grid_n = tl.cdiv(N, BLOCK_N)",
@@ -302,11 +305,11 @@ def reduce_kernel(name: str, st: dict[str, Any]) -> str:
             "mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]",
             "plane = tl.num_programs(1).to(tl.int64) * M * N",
             "ws_ptrs = ws_ptr + rb64 * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]"]
-    for j, acc in enumerate(st["accs"]):
+    for j, acc in enumerate(st.accs):
         body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)", "for s in tl.static_range(SPLIT_K):",
                  f"    {acc} += tl.load(ws_ptrs + ({j} * SPLIT_K + s) * plane, mask=mask, other=0.0)"]
     body += epilogue_lines(st)
-    head = [f"def {name}_{st['tag']}_reduce({', '.join(params)},",
+    head = [f"def {name}_{st.tag}_reduce({', '.join(params)},",
             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):"]
     return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
@@ -329,15 +332,15 @@ def _piece(j: int, piece: str) -> str:
     return f"ws_ptr + (({j} * n_tiles + tile) * PIECES + {piece}).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs"
 
 
-def streamk_kernel(name: str, st: dict[str, Any], prec: str) -> str:
+def streamk_kernel(name: str, st: Stage, prec: str) -> str:
     """Stream-K: the K iterations of every (batch, tile) laid end to end and cut into one run of ITERS per program,
     so that a few tiles with a long K keep every SM busy without a fixed split (no wave left a quarter full). A program
     walks its run one tile piece at a time and writes each piece's fp32 partial sums to a slot of its own; the fixup
     kernel adds a tile's pieces in order (the same sums on every call) and applies the epilogue."""
-    nb, tag = len(st["bs"]), st["tag"]
+    nb, tag = len(st.bs), st.tag
     ptrs = ["a_ptr"] + [f"b{j}_ptr" for j in range(nb)] + ["ws_ptr"]
     strides = ["s_ab", "s_am", "s_ak"] + [f"s_b{j}{d}" for j in range(nb) for d in "bkn"]
-    accs = st["accs"]
+    accs = st.accs
     body = _sizes() + ["rk = tl.arange(0, BLOCK_K)", "it = tl.program_id(0) * ITERS",
                        "end = tl.minimum(it + ITERS, n_tiles * k_tiles)", "while it < end:"]
     loop = ["tile = it // k_tiles", "k0 = it % k_tiles", "k1 = tl.minimum(k_tiles, k0 + (end - it))"]
@@ -358,32 +361,32 @@ def streamk_kernel(name: str, st: dict[str, Any], prec: str) -> str:
     return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
-def streamk_fixup(name: str, st: dict[str, Any]) -> str:
+def streamk_fixup(name: str, st: Stage) -> str:
     """Second pass of stream-K, one program per tile: the partial sums of the programs whose runs crossed the tile,
     added in program order, then the epilogue."""
     params = ["ws_ptr"] + _epi_ptrs(st) + ["Bt", "M", "N", "K", "ITERS", "PIECES"] + _epi_strides(st)
     body = _sizes() + ["tile = tl.program_id(0)"] + _grid_tile("tile")
     body += ["mask_m = rm < M", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]",
              "first = (tile * k_tiles) // ITERS", "last = ((tile + 1) * k_tiles - 1) // ITERS"]
-    body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in st["accs"]]
+    body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in st.accs]
     body += ["for piece in range(0, last - first + 1):"]
-    body += [f"    {acc} += tl.load({_piece(j, 'piece')})" for j, acc in enumerate(st["accs"])]
+    body += [f"    {acc} += tl.load({_piece(j, 'piece')})" for j, acc in enumerate(st.accs)]
     body += epilogue_lines(st)
-    head = [f"def {name}_{st['tag']}_fix({', '.join(params)},",
+    head = [f"def {name}_{st.tag}_fix({', '.join(params)},",
             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):"]
     return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
-def fused_kernel(name: str, s0: dict[str, Any], s1: dict[str, Any], prec0: str, prec1: str) -> str:
+def fused_kernel(name: str, s0: Stage, s1: Stage, prec0: str, prec1: str) -> str:
     """Two chained batched layers per (row block, batch): the first layer's whole output row block stays in
     registers (H <= 256) and feeds the second layer's dots, which loop over the output columns."""
     ptrs = ["a_ptr", "b_ptr", "c_ptr"] + _epi_ptrs(s0, stores=False) + _epi_ptrs(s1)
     strides = ["s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_ck", "s_cn"]
     strides += _epi_strides(s0) + _epi_strides(s1)
-    ac = f".to({s0['a']['cast']})" if s0["a"]["cast"] else ""
-    bc = f".to({s0['bs'][0]['cast']})" if s0["bs"][0]["cast"] else ""
-    cc = f".to({s1['bs'][0]['cast']})" if s1["bs"][0]["cast"] else ""
-    acc0, acc1 = s0["accs"][0], s1["accs"][0]
+    ac = f".to({s0.a.cast})" if s0.a.cast else ""
+    bc = f".to({s0.bs[0].cast})" if s0.bs[0].cast else ""
+    cc = f".to({s1.bs[0].cast})" if s1.bs[0].cast else ""
+    acc0, acc1 = s0.accs[0], s1.accs[0]
     loads = [("a", "a_ptrs", "", "rk[None, :] < k_left", ac),
              ("b", "b_ptrs", "mask_h[None, :]", "(rk[:, None] < k_left) & mask_h[None, :]", bc)]
     body = ["pid_m = tl.program_id(0)", "rb64 = tl.program_id(1).to(tl.int64)",
@@ -392,15 +395,15 @@ def fused_kernel(name: str, s0: dict[str, Any], s1: dict[str, Any], prec0: str, 
             "a_ptrs = a_ptr + rb64 * s_ab + (rm % M)[:, None] * s_am + rk[None, :] * s_ak",
             "b_ptrs = b_ptr + rb64 * s_bb + rk[:, None] * s_bk + rh[None, :] * s_bn",
             f"{acc0} = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)", "for k in range(0, tl.cdiv(K, BLOCK_K)):"]
-    body += indent(_k_loop(loads, _dot(acc0, "a", "b", acc0, s0["dot"], prec0), "BLOCK_K")
+    body += indent(_k_loop(loads, _dot(acc0, "a", "b", acc0, s0.dot, prec0), "BLOCK_K")
                     + ["a_ptrs += BLOCK_K * s_ak", "b_ptrs += BLOCK_K * s_bk"], 1)
     body += epilogue_lines(s0, "rh", "mask_h", "mask0", "H", stores=False)
     # padded columns must be exact zeros: an epilogue such as sigmoid turns the zero padding into 0.5
-    body += [f"hv = tl.where(mask_h[None, :], {s0['stores'][0]['var']}, 0.0).to({s1['dot']})",
+    body += [f"hv = tl.where(mask_h[None, :], {s0.stores[0].var}, 0.0).to({s1.dot})",
              "c_ptrs = c_ptr + rb64 * s_cb + rh[:, None] * s_ck", "for n0 in range(0, N, BLOCK_N):"]
     loop = ["rn = n0 + tl.arange(0, BLOCK_N)", "mask_n = rn < N", "mask = mask_m[:, None] & mask_n[None, :]",
             f"c = tl.load(c_ptrs + rn[None, :] * s_cn, mask=mask_h[:, None] & mask_n[None, :], other=0.0){cc}",
-            *_dot(acc1, "hv", "c", None, s1["dot"], prec1)]
+            *_dot(acc1, "hv", "c", None, s1.dot, prec1)]
     body += indent(loop + epilogue_lines(s1), 1)
     head = [f"def {name}_kernel({', '.join(ptrs + ['M', 'K', 'H', 'N'] + strides)},",
             "        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,",

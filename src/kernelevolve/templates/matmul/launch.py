@@ -2,13 +2,16 @@
 compilable, and the Python functions that prepare operands and launch the kernels of a stage."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelevolve.templates.base import HopelessConfig, Match
 from kernelevolve.templates.graphutil import pow2
 from kernelevolve.templates.matmul.kernels import (SPLIT_MODES, SPLIT_TF32X3, SPLIT_TF32X3_FP32SUM, precision_args,
                                                    gemm_kernel, reduce_kernel, sms_text, split_text, streamk_fixup,
                                                    streamk_kernel, tma_helpers, tma_kernel, upcast_flag)
+
+if TYPE_CHECKING:
+    from kernelevolve.templates.matmul.stage import Stage
 
 SMEM_BYTES = 200 * 1024  # H100/H200 allow 227 KB per block; the rest is left to the epilogue's layout conversion
 REDUCE_BLOCK = (32, 128)
@@ -59,6 +62,7 @@ def fit(config: dict[str, Any], sizes: dict[str, int], itemsize: int, n_b: int, 
             "num_warps": warps, "num_stages": stages, "SCHEDULE": schedule}
 
 
+
 def precisions(dot: str, allow_tf32: bool, split: bool = False, k: int = 0) -> list[str]:
     """fp32 dot modes, the default first: exact FMA unless tf32 is allowed; tf32x3 (three tf32 tensor-core dots on
     a hi/lo split) keeps about fp32 accuracy and is left to the search. ``split``: the same three products on
@@ -74,12 +78,12 @@ def precisions(dot: str, allow_tf32: bool, split: bool = False, k: int = 0) -> l
     return ["ieee", "tf32x3"] + (splits if split else [])
 
 
-def splittable(st: dict[str, Any]) -> bool:
+def splittable(st: Stage) -> bool:
     """Whether a stage's operands are fp32 tensors as they stand (no cast in the kernel), which SPLIT_TF32X3 needs."""
-    return st["dot"] == "tl.float32" and not st["a"]["cast"] and not any(b["cast"] for b in st["bs"])
+    return st.dot == "tl.float32" and not st.a.cast and not any(b.cast for b in st.bs)
 
 
-def split_mode(config: dict[str, Any], st: dict[str, Any]) -> tuple[str, str]:
+def split_mode(config: dict[str, Any], st: Stage) -> tuple[str, str]:
     """(the fp32 product mode a stage renders, the split mode where it splits its operands, else ""): a split mode
     asked of a stage whose operands it cannot split (a configuration carried over from another problem) renders
     tf32x3, never plain TF32."""
@@ -185,26 +189,26 @@ def fit_fused(config: dict[str, Any], s0: dict[str, int], s1: dict[str, int], it
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
 
 
-def _launch_strides(st: dict[str, Any], var: str = "e") -> list[str]:
-    return [f"{var}[{j}].stride({'bmn'.index(d)})" for j, e in enumerate(st["extras"]) for d in e["dims"]]
+def _launch_strides(st: Stage, var: str = "e") -> list[str]:
+    return [f"{var}[{j}].stride({'bmn'.index(d)})" for j, e in enumerate(st.extras) for d in e.dims]
 
 
-def prep_text(name: str, st: dict[str, Any], params: list[str], stores: bool = True) -> str:
+def prep_text(name: str, st: Stage, params: list[str], stores: bool = True) -> str:
     """Extra operands broadcast to the output (strides, no copies where a view does) and the outputs allocated."""
-    outs = st["stores"] if stores else []
-    extras = "".join(f"{e['expr']}, " for e in st["extras"])
-    allocs = "".join(f"torch.empty((Bt, M, N), device=device, dtype={s['dtype']}), " for s in outs)
-    views = "".join(f"o[{j}].view{s['shape']}, " for j, s in enumerate(outs))
-    return "\n".join([f"def {name}_{st['tag']}_prep(Bt, M, N, device, {', '.join(params)}):",
+    outs = st.stores if stores else []
+    extras = "".join(f"{e.expr}, " for e in st.extras)
+    allocs = "".join(f"torch.empty((Bt, M, N), device=device, dtype={s.dtype}), " for s in outs)
+    views = "".join(f"o[{j}].view{s.shape}, " for j, s in enumerate(outs))
+    return "\n".join([f"def {name}_{st.tag}_prep(Bt, M, N, device, {', '.join(params)}):",
                       f"    e = ({extras})", f"    o = ({allocs})", f"    return e, o, ({views})"])
 
 
-def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[str]) -> str:
-    tag, nb, sk = st["tag"], len(st["bs"]), cfg["SPLIT_K"]
-    un = "" if st["batched"] else ".unsqueeze(0)"
+def stage_text(name: str, st: Stage, cfg: dict[str, Any], params: list[str]) -> str:
+    tag, nb, sk = st.tag, len(st.bs), cfg["SPLIT_K"]
+    un = "" if st.batched else ".unsqueeze(0)"
     bs = ", ".join(f"b{j}" for j in range(nb))
-    lines = [f"def {name}_{tag}({', '.join(params)}):", f"    a = ({st['a']['expr']}){un}"]
-    lines += [f"    b{j} = ({b['expr']}){un}" for j, b in enumerate(st["bs"])]
+    lines = [f"def {name}_{tag}({', '.join(params)}):", f"    a = ({st.a.expr}){un}"]
+    lines += [f"    b{j} = ({b.expr}){un}" for j, b in enumerate(st.bs)]
     lines += ["    Bt, M, K = a.shape", "    N = b0.shape[2]"]
     for j in range(nb):
         lines += [f"    if tuple(b{j}.shape) != (Bt, K, N):",
@@ -236,7 +240,7 @@ def stage_text(name: str, st: dict[str, Any], cfg: dict[str, Any], params: list[
                   f"        {name}_{tag}_kernel[{grid}](a, {bs}, *e, *o, M, N, K, {strides}{extra_strides}{consts})"]
     elif sk == 1 and cfg.get("SCHEDULE") == "streamk":
         # equal runs of K iterations over at most one program per SM; under the FMA dot no run past IEEE_RUN products
-        ieee = st["dot"] == "tl.float32" and cfg.get("INPUT_PRECISION", "ieee") == "ieee"
+        ieee = st.dot == "tl.float32" and cfg.get("INPUT_PRECISION", "ieee") == "ieee"
         cap = f"min({max(1, IEEE_RUN // bk)}, _cdiv(tiles * k_tiles, progs))" if ieee \
             else "_cdiv(tiles * k_tiles, progs)"
         lines += [f"    tiles = Bt * _cdiv(M, {bm}) * _cdiv(N, {bn})",
@@ -271,52 +275,52 @@ def launcher_text(name: str, match: Match, calls: list[tuple[str, list[str], lis
     return "\n".join(lines)
 
 
-def render_gemm(match: Match, st: dict[str, Any], config: dict[str, Any], name: str) -> list[str]:
+def render_gemm(match: Match, st: Stage, config: dict[str, Any], name: str) -> list[str]:
     """Kernel(s), prep and stage function of one GEMM stage."""
     mode, split = split_mode(config, st)
     if split and config.get("SCHEDULE") == "streamk":  # stream-K takes the operands whole: the tile kernel
         config = dict(config, SCHEDULE="tiles")
     # a split stage reads two tiles of each operand per K step: twice the shared memory of a stage
-    cfg = fit(config, st["sizes"], itemsize_of(st["dot"]) * (2 if split else 1), len(st["bs"]),
+    cfg = fit(config, st.sizes, itemsize_of(st.dot) * (2 if split else 1), len(st.bs),
               int(split == SPLIT_TF32X3_FP32SUM))
     cfg["INPUT_PRECISION"] = mode
-    prec = precision_args(st["dot"], mode)
-    params = [f"x_{n.name}" for n in match.inputs] + match.spec.get("intermediates", [])[:int(st["tag"][1:])]
+    prec = precision_args(st.dot, mode)
+    params = [f"x_{n.name}" for n in match.inputs] + match.spec.get("intermediates", [])[:int(st.tag[1:])]
     parts = [gemm_kernel(name, st, cfg["SPLIT_K"], prec, split)]
-    if st["tag"] == "s0":
+    if st.tag == "s0":
         parts.append(upcast_flag(name, f"{name}_s0_kernel"))
     if split:
-        parts.append(split_text(f"{name}_{st['tag']}"))
+        parts.append(split_text(f"{name}_{st.tag}"))
     if cfg["SCHEDULE"] == "tma":
         parts.append(tma_kernel(name, st, prec, split))
-        if st["tag"] == "s0":
+        if st.tag == "s0":
             parts.append(tma_helpers(name))
     if cfg["SPLIT_K"] > 1:
         parts.append(reduce_kernel(name, st))
     if cfg["SCHEDULE"] == "streamk":
-        sizes, nb = st["sizes"], len(st["bs"])
+        sizes, nb = st.sizes, len(st.bs)
         tiles = tile_count(sizes, cfg["BLOCK_M"], cfg["BLOCK_N"])
         if nb * tiles * 2 * cfg["BLOCK_M"] * cfg["BLOCK_N"] * 4 > SPLIT_WORKSPACE:
             raise HopelessConfig(f"stream-K over {tiles} tiles: its partial sums would pass "
                                  f"{SPLIT_WORKSPACE >> 20} MB (the tile kernel's case)")
-        parts += [streamk_kernel(name, st, prec), streamk_fixup(name, st), sms_text(f"{name}_{st['tag']}")]
+        parts += [streamk_kernel(name, st, prec), streamk_fixup(name, st), sms_text(f"{name}_{st.tag}")]
     return parts + [prep_text(name, st, params), stage_text(name, st, cfg, params)]
 
 
-def fused_launcher(name: str, match: Match, s0: dict[str, Any], s1: dict[str, Any], cfg: dict[str, Any]) -> str:
+def fused_launcher(name: str, match: Match, s0: Stage, s1: Stage, cfg: dict[str, Any]) -> str:
     ins = [f"x_{n.name}" for n in match.inputs]
     params = ", ".join(ins)
     strides = ", ".join(["*a.stride(), *b.stride(), *c.stride()"] + _launch_strides(s0, "e0")
                         + _launch_strides(s1, "e1"))
     bm, bk = cfg["BLOCK_M"], cfg["BLOCK_K"]
-    views = {s["name"]: f"views[{j}]" for j, s in enumerate(s1["stores"])}
+    views = {s.name: f"views[{j}]" for j, s in enumerate(s1.stores)}
     return "\n".join([
-        f"def {name}(*inputs):", f"    {params}, = inputs", f"    a = {s0['a']['expr']}",
-        f"    b = {s0['bs'][0]['expr']}", f"    c = {s1['bs'][0]['expr']}", "    Bt, M, K = a.shape",
+        f"def {name}(*inputs):", f"    {params}, = inputs", f"    a = {s0.a.expr}",
+        f"    b = {s0.bs[0].expr}", f"    c = {s1.bs[0].expr}", "    Bt, M, K = a.shape",
         "    H, N = b.shape[2], c.shape[2]", "    if tuple(b.shape) != (Bt, K, H) or tuple(c.shape) != (Bt, H, N):",
         f"        raise ValueError(f'{name}: cannot chain {{tuple(a.shape)}}, {{tuple(b.shape)}}, {{tuple(c.shape)}}')",
-        f"    e0, _, _ = {name}_{s0['tag']}_prep(Bt, M, H, a.device, {params})",
-        f"    e1, o, views = {name}_{s1['tag']}_prep(Bt, M, N, a.device, {params})",
+        f"    e0, _, _ = {name}_{s0.tag}_prep(Bt, M, H, a.device, {params})",
+        f"    e1, o, views = {name}_{s1.tag}_prep(Bt, M, N, a.device, {params})",
         f"    {name}_kernel[(_cdiv(M, {bm}), Bt)](a, b, c, *e0, *e1, *o, M, K, H, N, {strides},",
         f"        BLOCK_M={bm}, BLOCK_K={bk}, BLOCK_H=max(16, 1 << (H - 1).bit_length()), BLOCK_N={cfg['BLOCK_N']},",
         f"        EVEN_K=K % {bk} == 0, UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "

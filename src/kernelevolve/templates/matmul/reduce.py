@@ -20,7 +20,7 @@ from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3_FP32SUM, epilogue
 from kernelevolve.templates.matmul.launch import IEEE_LONG, SMEM_BYTES, SMS, WGMMA_ROWS, first_choice, itemsize_of, \
     _launch_strides, precisions, prep_text, split_mode, splittable
 from kernelevolve.templates.matmul.operands import gemm_parts, is_gemm, operand
-from kernelevolve.templates.matmul.stage import Head, StageBuilder
+from kernelevolve.templates.matmul.stage import Head, Stage, StageBuilder
 from kernelevolve.templates.rowreduce.codegen import RowGen, store_output
 from kernelevolve.templates.rowreduce.frame import Frame
 from kernelevolve.templates.rowreduce.template import RowReduceTemplate
@@ -82,7 +82,7 @@ class GemmReduceTemplate:
             return None
         sb = StageBuilder("s0", a, [Head(g, g, b)])
         st = sb.build([])
-        if st["dot"] == "tl.float32" and st["sizes"]["K"] > IEEE_LONG:
+        if st.dot == "tl.float32" and st.sizes["K"] > IEEE_LONG:
             return None  # unsplit fp32 running sums this long miss fp32's tolerance: the split-K GEMM's case
         match = make_match(self.family, [*base, *region.nodes], kind=self.kind)
         if match is None or set(match.outputs) != set(region.outputs):
@@ -93,22 +93,22 @@ class GemmReduceTemplate:
 
     def space(self, match: Match, device: str) -> dict[str, list[Any]]:
         st = match.spec["stages"][0]
-        m, k = st["sizes"]["M"], st["sizes"]["K"]
-        bn = max(16, pow2(st["sizes"]["N"]))
-        fits = [bm for bm in (128, 64, 32, 16) if bm * bn <= acc_budget(bm, st["dot"]) * 32 * 8]
+        m, k = st.sizes["M"], st.sizes["K"]
+        bn = max(16, pow2(st.sizes["N"]))
+        fits = [bm for bm in (128, 64, 32, 16) if bm * bn <= acc_budget(bm, st.dot) * 32 * 8]
         # the largest block of rows that still gives every SM a program, with 8 warps at the tile's register budget
         bm = next((x for x in fits if -(-m // x) >= SMS), fits[-1])
-        ieee = st["dot"] == "tl.float32"
+        ieee = st.dot == "tl.float32"
         space = {"BLOCK_M": first_choice(bm, fits), "BLOCK_K": first_choice(32 if ieee or k <= 32 else 64, [64, 32, 128]),
                  "num_warps": [8, 4], "num_stages": [3, 4, 2]}
-        modes = precisions(st["dot"], match.spec.get("allow_tf32", False), splittable(st), k)
+        modes = precisions(st.dot, match.spec.get("allow_tf32", False), splittable(st), k)
         return {**space, "INPUT_PRECISION": modes} if modes else space
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
         config = {**{k: v[0] for k, v in self.space(match, "cuda").items()}, **config}
         st = match.spec["stages"][0]
         mode, split = split_mode(config, st)
-        cfg = dict(_fit(config, st["sizes"], st["dot"], itemsize_of(st["dot"]) * (2 if split else 1),
+        cfg = dict(_fit(config, st.sizes, st.dot, itemsize_of(st.dot) * (2 if split else 1),
                         int(split == SPLIT_TF32X3_FP32SUM)), SPLIT=split)
         rows = {n.name: n for n in match.nodes}
         sub = make_match("row_reduction", [rows[x] for x in match.spec["rows"]],
@@ -117,7 +117,7 @@ class GemmReduceTemplate:
         gen = RowGen(sub, Frame(tuple(match.spec["full"]), match.spec["dim"]), bound={view: match.spec["product"]})
         gen.merge()
         ins = [f"x_{n.name}" for n in match.inputs]
-        parts = [_kernel(name, st, gen, sub, precision_args(st["dot"], mode), split),
+        parts = [_kernel(name, st, gen, sub, precision_args(st.dot, mode), split),
                  upcast_flag(name, f"{name}_kernel"),
                  prep_text(name, st, ins, stores=False), _launcher(name, match, st, gen, sub, cfg)]
         if split:
@@ -145,12 +145,12 @@ def _fit(config: dict[str, Any], sizes: dict[str, int], dot: str, itemsize: int,
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
 
 
-def _kernel(name: str, st: dict[str, Any], gen: RowGen, sub: Match, prec: str, split: str = "") -> str:
+def _kernel(name: str, st: Stage, gen: RowGen, sub: Match, prec: str, split: str = "") -> str:
     lo = ["", "_lo"] if split else [""]  # the rest after the TF32 part of a split operand, in the same layout
-    ptrs = [f"{v}{s}_ptr" for s in lo for v in ("a", "b0")] + [f"{e['var']}_ptr" for e in st["extras"]]
+    ptrs = [f"{v}{s}_ptr" for s in lo for v in ("a", "b0")] + [f"{e.var}_ptr" for e in st.extras]
     ptrs += [f"{o.var}_ptr" for o in gen.loads.values()] + [f"{o.var}_ptr" for o in gen.outs]
-    strides = ["s_am", "s_ak", "s_b0k", "s_b0n"] + [f"{e['var']}_s{d}" for e in st["extras"] for d in e["dims"]]
-    acc = st["accs"][0]
+    strides = ["s_am", "s_ak", "s_b0k", "s_b0n"] + [f"{e.var}_s{d}" for e in st.extras for d in e.dims]
+    acc = st.accs[0]
     body = ["rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)", "rn = tl.arange(0, BLOCK_N)",
             "rk = tl.arange(0, BLOCK_K)"]
     # columns past N read wrapped data: finite, and never part of a reduction or a store (masked below)
@@ -173,15 +173,15 @@ def _kernel(name: str, st: dict[str, Any], gen: RowGen, sub: Match, prec: str, s
     return "\n".join(["@triton.jit"] + head + indent(body, 1))
 
 
-def _launcher(name: str, match: Match, st: dict[str, Any], gen: RowGen, sub: Match, cfg: dict[str, Any]) -> str:
+def _launcher(name: str, match: Match, st: Stage, gen: RowGen, sub: Match, cfg: dict[str, Any]) -> str:
     ins = [f"x_{n.name}" for n in match.inputs]
     loads = [f"x_{node.name}.contiguous()" for node, _ in gen.loads]
     outs = ", ".join(f"torch.empty({list(shape(n))!r}, dtype={dtype(n)}, device=a.device)" for n in sub.outputs)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     extra_strides = "".join(f"{s}, " for s in _launch_strides(st))
     return "\n".join([
-        f"def {name}(*inputs):", f"    {', '.join(ins)}, = inputs", f"    a = {st['a']['expr']}",
-        f"    b0 = {st['bs'][0]['expr']}", "    M, K = a.shape", "    N = b0.shape[1]",
+        f"def {name}(*inputs):", f"    {', '.join(ins)}, = inputs", f"    a = {st.a.expr}",
+        f"    b0 = {st.bs[0].expr}", "    M, K = a.shape", "    N = b0.shape[1]",
         "    if tuple(b0.shape) != (K, N):",
         f"        raise ValueError(f'{name}: cannot multiply {{tuple(a.shape)}} by {{tuple(b0.shape)}}')",
         f"    e, _, _ = {name}_s0_prep(1, M, N, a.device, {', '.join(ins)})",

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 import torch.fx as fx
 
@@ -12,6 +10,49 @@ from kernelevolve.analyze.pointwise import TL_DTYPES, compute_dtype, emit
 from kernelevolve.templates.base import Match, make_match
 from kernelevolve.templates.matmul.operands import (VIEWS, Operand, numel_of, as_tuple, feeding_casts, gemm_parts, grow,
                                                     half_source, operand)
+
+
+@dataclass(frozen=True)
+class Side:
+    """A product operand as the launcher reads it: its expression over the inputs, and the dtype the kernel casts its
+    tiles to (None where the dot takes them as loaded)."""
+    expr: str
+    cast: str | None
+
+
+@dataclass(frozen=True)
+class Extra:
+    """An epilogue operand: kernel variable ``var``, launcher expression ``expr`` (viewed as [Bt, M, N]), the dims
+    among b, m, n it varies along, and the Triton type it is computed in."""
+    var: str
+    expr: str
+    dims: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Store:
+    """An output: its launcher name, the kernel value stored, its shape expression and torch dtype."""
+    name: str
+    var: str
+    shape: str
+    dtype: str
+
+
+@dataclass
+class Stage:
+    """What one GEMM stage renders to: the product ``a`` @ each of ``bs`` into accumulators ``accs`` (in ``dot``'s
+    type), the epilogue ``lines`` over them and the ``extras``, and the ``stores`` of its outputs."""
+    tag: str
+    batched: bool
+    dot: str
+    sizes: dict[str, int]  # Bt, M, N, K
+    a: Side
+    bs: list[Side]
+    accs: list[str]
+    extras: list[Extra]
+    lines: list[str]
+    stores: list[Store]
 
 
 @dataclass
@@ -35,7 +76,7 @@ class StageBuilder:
         self.canon = (self.sizes["Bt"], self.sizes["M"], n)
         self.env: dict[fx.Node, str] = {}
         self.lines: list[str] = []
-        self.extras: list[dict[str, str]] = []
+        self.extras: list[Extra] = []
         self.extra_nodes: set[fx.Node] = set()
         self._extra_var: dict[tuple, str] = {}
         self.narrow = half_source([a] + [h.b for h in heads])
@@ -65,8 +106,7 @@ class StageBuilder:
             meta, expr = meta.chunk(2, -1)[chunk], f"{expr}.chunk(2, -1)[{chunk}]"
         strides = meta.reshape(self.canon).stride()
         dims = "".join(d for d, s in zip("bmn", strides) if s != 0 and (d != "b" or self.batched))
-        self.extras.append({"var": var, "expr": f"{expr}.reshape(Bt, M, N)", "dims": dims,
-                            "type": compute_dtype(dtype(node))})
+        self.extras.append(Extra(var, f"{expr}.reshape(Bt, M, N)", dims, compute_dtype(dtype(node))))
         self.extra_nodes.add(node)
         if casts:  # the loaded tensor converted as the graph's casts do (rounded where one narrows)
             var = emit(casts, {node: var}, self.lines, prefix=f"{var}_c")[casts[-1]]
@@ -103,15 +143,13 @@ class StageBuilder:
                     local[a] = self._extra(a, shape(u), self.shape_expr(shape(u)))
             self.env[u] = emit([u], local, self.lines, prefix=f"{self.tag}_v{i}_")[u]
 
-    def build(self, stores: list[fx.Node]) -> dict[str, Any]:
-        return {"tag": self.tag, "batched": self.batched, "dot": self.dot, "sizes": self.sizes,
-                "a": {"expr": self.a.expr, "cast": None if self.narrow else self.a.cast},
-                "bs": [{"expr": h.b.expr + (f".chunk(2, -1)[{h.chunk}]" if h.chunk is not None else ""),
-                        "cast": None if self.narrow else h.b.cast} for h in self.heads],
-                "accs": [f"{self.tag}_acc{j}" for j in range(len(self.heads))],
-                "extras": self.extras, "lines": self.lines,
-                "stores": [{"name": f"x_{o.name}", "var": self.env[o], "shape": self.shape_expr(shape(o)),
-                            "dtype": str(dtype(o))} for o in stores]}
+    def build(self, stores: list[fx.Node]) -> Stage:
+        cast = (lambda c: None) if self.narrow else (lambda c: c)
+        return Stage(self.tag, self.batched, self.dot, self.sizes, Side(self.a.expr, cast(self.a.cast)),
+                     [Side(h.b.expr + (f".chunk(2, -1)[{h.chunk}]" if h.chunk is not None else ""), cast(h.b.cast))
+                      for h in self.heads],
+                     [f"{self.tag}_acc{j}" for j in range(len(self.heads))], self.extras, self.lines,
+                     [Store(f"x_{o.name}", self.env[o], self.shape_expr(shape(o)), str(dtype(o))) for o in stores])
 
 
 def finish(family: str, kind: str, base: set[fx.Node], epi: list[fx.Node], a: Operand,
