@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from kernelevolve.candidate import Candidate
+from kernelevolve.frames import fill
 from kernelevolve.problem import Problem, build_model, import_module_from_path, load_problem, make_inputs
 from kernelevolve.rows import Approval, Node, Run
 from kernelevolve.store import Store
@@ -44,30 +45,6 @@ def sha256(text: str) -> str:
 
 
 # --- shapes -----------------------------------------------------------------------------------------------------------
-DERIVE = '''
-
-# ---- derived inputs for export verification: leading dimension {old} -> {new} ----
-import torch as _ke_torch
-
-_ke_get_inputs = get_inputs
-
-
-def _ke_resize(v, old, new):
-    if not isinstance(v, _ke_torch.Tensor) or v.dim() == 0 or v.shape[0] != old:
-        return v
-    if new <= old:
-        return v[:new].clone()
-    return _ke_torch.cat([v] * -(-new // old))[:new].clone()
-
-
-def get_inputs():
-    return [_ke_resize(v, {old}, {new}) for v in _ke_get_inputs()]
-
-
-get_extra_inputs = None
-'''
-
-
 def leading_dim(values: list[Any]) -> int | None:
     """The most common leading size among the tensor inputs (the batch-like dimension), if any is above 1."""
     sizes = Counter(v.shape[0] for v in values if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] > 1)
@@ -101,7 +78,7 @@ def shape_cases(problem: Problem, workdir: Path) -> list[ShapeCase]:
         if new in (old, 0) or any(c.label.endswith(f"({new})") for c in cases):
             continue
         path = workdir / f"{Path(problem.path).stem}__{new}.py"
-        path.write_text(problem.source.rstrip() + "\n" + DERIVE.format(old=old, new=new))
+        path.write_text(problem.source.rstrip() + "\n" + fill("derived_inputs.py.tmpl", old=old, new=new))
         cases.append(ShapeCase(f"{label} ({new})", path))
     return cases
 
@@ -197,250 +174,6 @@ def check_approval(store: Store, node: Node) -> Approval:
 
 
 # --- the exported module ----------------------------------------------------------------------------------------------
-MODULE = '''"""{title}
-
-{provenance}
-"""
-from __future__ import annotations
-
-import contextlib
-import hashlib
-import importlib.util
-import os
-import sys
-import tempfile
-import warnings
-from pathlib import Path
-
-import torch
-
-KERNELEVOLVE_EXPORT = {export}
-
-_REFERENCE_SOURCE = {reference}
-
-_KERNEL_SOURCE = {kernel}
-
-
-def _import_source(tag, source):
-    """Import ``source`` from a real file, as triton.jit reads kernel source back from its file."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    name = f"_kernelevolve_{{tag}}_{{digest}}"
-    if name in sys.modules:
-        return sys.modules[name]
-    folder = Path(tempfile.gettempdir()) / "kernelevolve-export"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{{tag}}_{{digest}}.py"
-    if not path.exists() or path.read_text() != source:
-        tmp = path.with_name(f"{{path.name}}.{{os.getpid()}}.tmp")
-        tmp.write_text(source)
-        tmp.replace(path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_reference = _import_source("reference", _REFERENCE_SOURCE)
-Model = _reference.Model
-get_inputs = _reference.get_inputs
-get_init_inputs = _reference.get_init_inputs
-
-# The approval covers this exact kernel source: an edited kernel is never dispatched to.
-APPROVED = hashlib.sha256(_KERNEL_SOURCE.encode()).hexdigest() == KERNELEVOLVE_EXPORT["candidate_sha"]
-if not APPROVED:
-    warnings.warn(f"{{__name__}}: the kernel source is not the approved one; every call runs the reference", stacklevel=2)
-
-_GUARD = {{tuple(tuple((tuple(s), d) if s != "scalar" else (s, d) for s, d in shape["inputs"]))
-          for shape in KERNELEVOLVE_EXPORT["shapes"] if shape["verdict"] in KERNELEVOLVE_EXPORT["dispatch"]}}
-_STATE = [(name, tuple(shape), dtype) for name, shape, dtype in KERNELEVOLVE_EXPORT["state"]]
-_CAPABILITY = tuple(KERNELEVOLVE_EXPORT["capability"]) if KERNELEVOLVE_EXPORT["capability"] else None
-_SINGLE = KERNELEVOLVE_EXPORT["single_output"]
-# the module mode the kernel was verified in (the one the constructor leaves): a norm in training mode reads the
-# batch's statistics, in eval mode the running ones, so the other mode runs the reference
-_TRAINING = KERNELEVOLVE_EXPORT.get("training", False)
-# state the forward writes (running statistics): the op returns its new values and ModelNew copies them in, so the
-# op itself stays functional (torch.compile cannot functionalize a mutated list returning a list)
-_MUTATED = [i for i, (name, _, _) in enumerate(_STATE) if name in set(KERNELEVOLVE_EXPORT.get("mutated_state") or [])]
-_kernels = {{}}
-_meta = []
-
-
-def _key(inputs):
-    return tuple((tuple(v.shape), str(v.dtype).removeprefix("torch.")) if isinstance(v, torch.Tensor) else
-                 ("scalar", v) for v in inputs)
-
-
-def _capability(device):
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-
-
-def _state(module):
-    return [t for _, t in module.named_parameters()] + [t for _, t in module.named_buffers()]
-
-
-def dispatches(inputs, state, training=None):
-    """Whether the kernel runs for these inputs and this state (and module mode, when given): verified (and faster)
-    there, same device kind and capability, inference only. Everything else runs the reference."""
-    tensors = [v for v in inputs if isinstance(v, torch.Tensor)] + list(state)
-    if not APPROVED or _key(inputs) not in _GUARD or len(state) != len(_STATE) or not tensors:
-        return False
-    if training is not None and bool(training) != _TRAINING:
-        return False
-    if any((tuple(t.shape), str(t.dtype).removeprefix("torch.")) != (s, d) for t, (_, s, d) in zip(state, _STATE)):
-        return False
-    device = tensors[0].device
-    if any(t.device != device for t in tensors) or device.type != KERNELEVOLVE_EXPORT["device"]:
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False  # the kernel has no backward
-    return _CAPABILITY is None or _capability(device) == _CAPABILITY
-
-
-def _bind(module, state):
-    """Point ``module``'s parameters and buffers at ``state`` (same order as _STATE), without copying."""
-    for (name, _, _), t in zip(_STATE, state):
-        owner = module
-        *path, leaf = name.split(".")
-        for part in path:
-            owner = getattr(owner, part)
-        (owner._parameters if leaf in owner._parameters else owner._buffers)[leaf] = t
-    return module
-
-
-def _inputs(tensors):
-    it = iter(tensors)
-    return [next(it) if spec[0] != "scalar" else spec[1] for spec in KERNELEVOLVE_EXPORT["shapes"][0]["inputs"]]
-
-
-def _run(module, tensors, state):
-    """``module``'s outputs on copies of the state it writes, then the new values of that state."""
-    state = [t.clone() if i in _MUTATED else t for i, t in enumerate(state)]
-    outs = _bind(module, state)(*_inputs(tensors))
-    return list(outs) if isinstance(outs, (tuple, list)) else [outs], [state[i] for i in _MUTATED]
-
-
-@torch.library.custom_op("kernelevolve::{op}", mutates_args=())
-def {op}(tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
-    device = (tensors or state)[0].device
-    kernel = _kernels.get(device)
-    if kernel is None:
-        kernel = _kernels[device] = _import_source("kernel", _KERNEL_SOURCE).ModelNew(
-            *KERNELEVOLVE_EXPORT["init_inputs"]).to(device).train(_TRAINING)
-    with torch.no_grad():
-        outs, new = _run(kernel, tensors, state)
-    seen = {{t.untyped_storage().data_ptr() for t in [*tensors, *state]}}
-    result = []
-    for o in outs + new:  # no output may alias an input or another output
-        ptr = o.untyped_storage().data_ptr()
-        result.append(o.clone() if ptr in seen else o)
-        seen.add(ptr)
-    return result
-
-
-def _outside_fake_mode():
-    try:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-    except ImportError:  # a torch without it: build under whatever mode is active
-        return contextlib.nullcontext()
-    return unset_fake_temporarily()
-
-
-@{op}.register_fake
-def _(tensors, state):
-    if not _meta:  # built on the meta device, outside the fake mode the op is traced under
-        with _outside_fake_mode(), torch.device("meta"):
-            _meta.append(Model(*KERNELEVOLVE_EXPORT["init_inputs"]).train(_TRAINING))
-    outs, new = _run(_meta[0], tensors, state)
-    return [o.clone() for o in outs + new]
-
-
-class ModelNew(Model):
-    """Drop-in for Model (same constructor, same state_dict): the approved kernel where it was verified and faster,
-    the reference everywhere else."""
-
-    def forward(self, *inputs):
-        state = _state(self)
-        if dispatches(inputs, state, self.training):
-            outs = torch.ops.kernelevolve.{op}([v for v in inputs if isinstance(v, torch.Tensor)], state)
-            if _MUTATED:  # the state the reference writes in place, written here from the op's extra outputs
-                n = len(outs) - len(_MUTATED)
-                with torch.no_grad():
-                    for i, value in zip(_MUTATED, outs[n:]):
-                        state[i].copy_(value)
-                outs = outs[:n]
-            return outs[0] if _SINGLE else tuple(outs)
-        return super().forward(*inputs)
-
-
-def load_aoti(model=None):
-    """The AOTInductor package written beside this file (``export --aoti``), ready to call with the input shapes of
-    the first verified shape, with ``model``'s weights (default: those it was compiled with). None without one."""
-    name = KERNELEVOLVE_EXPORT.get("aoti_package")
-    if not name or not APPROVED:
-        return None
-    compiled = torch._inductor.aoti_load_package(str(Path(__file__).with_name(name)))
-    if model is not None:
-        names = set(compiled.get_constant_fqns())
-        compiled.load_constants({{k: v for k, v in model.state_dict().items() if k in names}},
-                                check_full_update=True, user_managed=True)
-    return compiled
-'''
-
-TEST = '''"""Checks {module}.py against the reference it embeds (generated with it by kernelevolve export)."""
-import importlib.util
-import sys
-from pathlib import Path
-
-import pytest
-import torch
-
-_spec = importlib.util.spec_from_file_location("{module}", Path(__file__).with_name("{module}.py"))
-mod = importlib.util.module_from_spec(_spec)
-sys.modules["{module}"] = mod
-_spec.loader.exec_module(mod)
-DEVICE = mod.KERNELEVOLVE_EXPORT["device"]
-TOL = {{torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}}
-pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def _pair():
-    torch.manual_seed(0)
-    ref = mod.Model(*mod.get_init_inputs()).to(DEVICE).train(mod._TRAINING)
-    new = mod.ModelNew(*mod.get_init_inputs()).to(DEVICE).train(mod._TRAINING)
-    new.load_state_dict(ref.state_dict())
-    return ref, new
-
-
-def _check(got, want):
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert type(g) is torch.Tensor and g.shape == w.shape and g.dtype == w.dtype and g.device == w.device
-        atol, rtol = TOL.get(w.dtype, (0.0, 0.0))
-        torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True)
-
-
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_matches_the_reference(seed):
-    ref, new = _pair()
-    torch.manual_seed(seed)
-    inputs = [v.to(DEVICE) if isinstance(v, torch.Tensor) else v for v in mod.get_inputs()]
-    with torch.no_grad():
-        _check(new(*inputs), ref(*inputs))
-
-
-def test_the_kernel_runs_where_it_was_verified():
-    ref, new = _pair()
-    inputs = [v.to(DEVICE) if isinstance(v, torch.Tensor) else v for v in mod.get_inputs()]
-    with torch.no_grad():
-        expected = mod.dispatches(inputs, mod._state(new), new.training)
-    assert expected == (mod.APPROVED and any(s["verdict"] in mod.KERNELEVOLVE_EXPORT["dispatch"]
-                                             for s in mod.KERNELEVOLVE_EXPORT["shapes"][:1]))
-'''
-
-
 def _literal(text: str) -> str:
     """A readable Python literal for a source file: a raw triple-quoted string where that is exact, else repr."""
     quotes = "'" * 3
@@ -513,13 +246,13 @@ def build_export(store: Store, run: str | int, candidate: int | None, out: Path,
     except TypeError as e:
         raise ExportError(f"the constructor arguments of {problem.name} cannot be written as plain data: {e}") from e
     title = f"kernelevolve export: {problem.name} on {export['device_name']}."
-    text = MODULE.format(title=title, provenance=_provenance(export, problem, origin),
+    text = fill("export_module.py.tmpl", title=title, provenance=_provenance(export, problem, origin),
                          export=pprint.pformat(export, width=116, sort_dicts=False), reference=_literal(problem.source),
                          kernel=_literal(node.source), op=export["name"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     test = out.with_name(f"test_{out.stem}.py")
-    test.write_text(TEST.format(module=out.stem))
+    test.write_text(fill("export_test.py.tmpl", module=out.stem))
     return out, test
 
 
@@ -571,6 +304,6 @@ def _signature(source: str) -> str:
         return ""
 
 
-__all__ = ["ExportError", "MODULE", "ShapeCase", "TEST", "TIE", "VERDICTS", "WIN", "approve", "build_aoti",
+__all__ = ["ExportError", "ShapeCase", "TIE", "VERDICTS", "WIN", "approve", "build_aoti",
            "build_export", "check_approval", "leading_dim", "op_name", "resolve", "shape_cases", "shape_key", "sha256",
            "stored_problem", "verify_shapes"]

@@ -21,7 +21,7 @@ from kernelevolve.analyze.graph import CapturedGraph, dtype
 from kernelevolve.model.partition import Region
 from kernelevolve.model.regionfile import region_parts
 from kernelevolve.templates.base import Match
-from kernelevolve.templates.program import CLASS, DEVICE_LINE, STATE_LINE, guard_source, forward_body
+from kernelevolve.templates.program import DEVICE_LINE, STATE_LINE, forward_body, model_new
 
 log = logging.getLogger(__name__)
 
@@ -229,10 +229,7 @@ def _compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc:
     prologue = [STATE_LINE.format(state_paths=paths)] if paths else []
     if "_dev" in text:
         prologue.append(DEVICE_LINE.format(state="_s" if paths else "[]"))
-    cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs,
-                       prologue="".join(f"        {line}\n" for line in prologue),
-                       body="\n".join("        " + line for line in body),
-                       guards="\n            and ".join(guard_source(graph, dynamic)))
+    cls = model_new(doc, graph, prologue, body, dynamic)
     loader = LOADER.strip("\n") + (OPS.rstrip("\n") if compiled else "")
     parts = [f'"""{doc}"""', "import torch\nimport torch.nn as nn",
              "# ---- the model, verbatim " + "-" * 86, model_source.rstrip(),

@@ -15,6 +15,7 @@ import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph
 from kernelevolve.analyze.pointwise import PRELUDE, PRELUDE_IMPORTS, float_literal
+from kernelevolve.frames import fill
 from kernelevolve.templates.base import FILE_HEADER, Match, TemplateError
 
 MAX_EMBEDDED_CONST = 65536  # elements; larger traced constants make the graph unfit for a self-contained file
@@ -155,33 +156,20 @@ def guard_source(graph: CapturedGraph, dynamic: dict[int, set[int]]) -> list[str
     return checks or ["True"]
 
 
-CLASS = '''
-
-class ModelNew(Model):
-    """{doc}"""
-
-    def forward(self, *args):
-        if len(args) != {n_inputs} or not _kernelevolve_shapes_match(args):
-            return super().forward(*args)  # shapes the kernels were not generated for: the reference path
-{prologue}{body}
-
-
-def _kernelevolve_state(module, *path):
-    *owners, leaf = path  # a parameter or buffer by its state_dict name, looked up afresh on every call
-    for part in owners:
-        module = module._modules[part]
-    found = module._parameters.get(leaf)
-    return module._buffers[leaf] if found is None else found
-
-
-def _kernelevolve_shapes_match(args):
-    return ({guards})
-'''
 # The forward's first lines, each written only where the body reads what it defines: every line runs on every call,
 # and a call's Python is part of its time.
 STATE_LINE = "_s = [_kernelevolve_state(self, *path) for path in {state_paths!r}]"
 DEVICE_LINE = ("_dev = next((a.device for a in list(args) + {state} if isinstance(a, torch.Tensor)), "
                "torch.device(\"cpu\"))")
+
+
+def model_new(doc: str, graph: CapturedGraph, prologue: list[str], body: list[str], dynamic: dict[int, set[int]]) -> str:
+    """The ModelNew class of a candidate file (frames/candidate_class.py.tmpl): ``body`` under the shape guard, the
+    reference's forward where the guard fails."""
+    return fill("candidate_class.py.tmpl", doc=doc.splitlines()[0], n_inputs=graph.n_inputs,
+                prologue="".join(f"        {line}\n" for line in prologue),
+                body="\n".join("        " + line for line in body),
+                guards="\n            and ".join(guard_source(graph, dynamic)))
 
 
 def assemble(problem_source: str, graph: CapturedGraph, matches: list[Match], kernels: list[tuple[Match, str, str]],
@@ -200,8 +188,5 @@ def assemble(problem_source: str, graph: CapturedGraph, matches: list[Match], ke
     prologue = [STATE_LINE.format(state_paths=paths)] if paths else []
     if "_dev" in text:
         prologue.append(DEVICE_LINE.format(state="_s" if paths else "[]"))
-    cls = CLASS.format(doc=doc.splitlines()[0], n_inputs=graph.n_inputs,
-                       prologue="".join(f"        {line}\n" for line in prologue),
-                       body="\n".join("        " + line for line in body),
-                       guards="\n            and ".join(guard_source(graph, dynamic or {})))
+    cls = model_new(doc, graph, prologue, body, dynamic or {})
     return "\n\n\n".join(parts) + "\n" + cls
