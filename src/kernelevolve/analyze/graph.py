@@ -8,7 +8,6 @@ pointwise ops, ``mean``/``var`` become ``sum`` and arithmetic. Matching then wor
 from __future__ import annotations
 
 import logging
-import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -17,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
+from kernelevolve.analyze.nodes import dtype, op_name, shape
+from kernelevolve.analyze.pointwise import POINTWISE
 from kernelevolve.problem import Problem, build_model, import_module_from_path, input_specs, make_inputs, meta_inputs
 
 log = logging.getLogger(__name__)
@@ -112,31 +113,6 @@ def _view_base(node: Any) -> Any:
             break
         node = node.args[0]
     return node
-
-
-def op_name(node: fx.Node) -> str:
-    """``aten.add.Tensor`` -> ``add``; ``operator.getitem`` -> ``getitem``."""
-    t = node.target
-    if t is operator.getitem:
-        return "getitem"
-    if isinstance(t, torch._ops.OpOverload):
-        return t._schema.name.split("::")[-1]
-    return getattr(t, "__name__", str(t))
-
-
-def meta(node: Any) -> Any:
-    """The traced value of a node: a (fake) tensor, a tuple of them, or a constant."""
-    return node.meta.get("val") if isinstance(node, fx.Node) else node
-
-
-def shape(node: Any) -> tuple[int, ...]:
-    v = meta(node)
-    return tuple(int(s) for s in v.shape) if isinstance(v, torch.Tensor) else ()
-
-
-def dtype(node: Any) -> torch.dtype | None:
-    v = meta(node)
-    return v.dtype if isinstance(v, torch.Tensor) else None
 
 
 def users(node: fx.Node) -> list[fx.Node]:
@@ -559,8 +535,6 @@ def _merge_repeats(graph: fx.Graph) -> None:
     (``torch.exp(s - m)`` written in a numerator and again in a denominator). Ops that write, ops that draw random
     numbers, values an in-place op later writes, and gathers, views and factories (each pooling may own its gather)
     stay as they are."""
-    from kernelevolve.analyze.pointwise import POINTWISE
-
     mergeable = POINTWISE | _REDUCING
     seen: dict[Any, fx.Node] = {}
     for node in list(graph.nodes):

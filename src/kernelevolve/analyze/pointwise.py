@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from kernelevolve.analyze.graph import dtype, op_name
+from kernelevolve.analyze.nodes import dtype, op_name
 
 TL_DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
              torch.float64: "tl.float64", torch.int32: "tl.int32", torch.int64: "tl.int64", torch.int16: "tl.int16",

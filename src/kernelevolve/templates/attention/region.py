@@ -76,7 +76,7 @@ def operand_op(n: fx.Node) -> bool:
     return op_name(n) in REPLAY_OPS or (pointwise.can_emit(n) and op_name(n) not in ("full_like", "scalar_tensor"))
 
 
-def _softmax(end: fx.Node) -> tuple[fx.Node, list[fx.Node], bool, int] | None:
+def softmax_of(end: fx.Node) -> tuple[fx.Node, list[fx.Node], bool, int] | None:
     """(score, nodes, zeroes empty rows, dim) when ``end`` is a decomposed softmax, with SDPA's guard or not."""
     nodes: list[fx.Node] = []
     cond = None
@@ -129,7 +129,7 @@ def _descendants(node: fx.Node) -> set[fx.Node]:
     return out
 
 
-def _score_graph(reg: Region, used: set[fx.Node], zmn: tuple[int, int, int]) -> None:
+def score_graph(reg: Region, used: set[fx.Node], zmn: tuple[int, int, int]) -> None:
     """Fill qk, prefix, main, side and leaves from the nodes above ``reg.x``."""
     seen, stack, bmms = set(), [reg.x], set()
     while stack:
@@ -163,7 +163,7 @@ def _score_graph(reg: Region, used: set[fx.Node], zmn: tuple[int, int, int]) -> 
             raise NoMatch(f"no Triton expression for {n.name}")
 
 
-def _prune(reg: Region) -> None:
+def prune_region(reg: Region) -> None:
     """Side nodes used outside the region become external inputs; then list the leaves."""
     inside = set(reg.nodes())
     changed = True
@@ -186,7 +186,7 @@ def _prune(reg: Region) -> None:
     reg.leaves = leaves
 
 
-def _s_dims(reg: Region, z: int, m: int, n: int,
+def s_dims(reg: Region, z: int, m: int, n: int,
             reduced: int | None = None) -> tuple[list[int], list[int], int | None, int, list[int]]:
     """Shape/strides of the score tensor over the bmm output, its query and key dims, batch dims in z order.
     A single key leaves no dim to find by its size: it is the one the softmax reduces (``reduced``), else the last."""
@@ -228,7 +228,7 @@ def _apply(node: fx.Node, t: torch.Tensor) -> torch.Tensor:
     return node.target(t, *node.args[1:], **node.kwargs)
 
 
-def _p_chain_ok(reg: Region, s_shape: list[int], s_strides: list[int], zmn: tuple[int, int, int]) -> bool:
+def p_chain_ok(reg: Region, s_shape: list[int], s_strides: list[int], zmn: tuple[int, int, int]) -> bool:
     """The views from the weights to bmm(p, v) read them back in the order bmm(q, k^T) wrote them."""
     t = torch.empty_strided(s_shape, s_strides, device="meta")
     try:
@@ -315,4 +315,4 @@ def dim_maps(reg: Region, rank: int) -> dict[fx.Node, list[int | None]]:
         if bad in reg.leaves:
             raise NoMatch(f"{bad.name} does not broadcast onto the scores one way")
         reg.side.remove(bad)
-        _prune(reg)
+        prune_region(reg)

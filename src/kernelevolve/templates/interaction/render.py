@@ -68,8 +68,8 @@ def _positions(spec: dict, name: str) -> tuple[list[str], list[str], list[str], 
     for n, k in zip(names, spec["pairs"]):
         lines.append(f"{n} = tl.load({n}_ptr + p, mask=pmask, other=0).to(tl.int32)")
     if spec["index"] == 3:
-        lines += [f"li = tl.minimum(tl.maximum(tl.where(li < 0, li + F, li), 0), F - 1)",
-                  f"lj = tl.minimum(tl.maximum(tl.where(lj < 0, lj + F, lj), 0), F - 1)", "flat = li * F_PAD + lj"]
+        lines += ["li = tl.minimum(tl.maximum(tl.where(li < 0, li + F, li), 0), F - 1)",
+                  "lj = tl.minimum(tl.maximum(tl.where(lj < 0, lj + F, lj), 0), F - 1)", "flat = li * F_PAD + lj"]
     else:
         lines += [f"lf = lf % {f * f}", f"lf = tl.where(lf < 0, lf + {f * f}, lf)", "flat = (lf // F) * F_PAD + lf % F"]
     prep = [f"{n} = inputs[{k}].contiguous()" for n, k in zip(names, spec["pairs"])]

@@ -10,7 +10,7 @@ Families tried first claim bigger regions: two GEMMs that share their A and meet
 chained batched layers (multi-task towers), DCN cross layers, and a GEMM whose rows are reduced in the same kernel
 (softmax, logsumexp over a narrow product).
 """
-from kernelevolve.templates.matmul.families import BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, MatmulTemplate
+from kernelevolve.templates.matmul.template import BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, MatmulTemplate
 from kernelevolve.templates.matmul.launch import KNOBS, fit, gemm_space, has_tma
 from kernelevolve.templates.matmul.reduce import GemmReduceTemplate
 

@@ -189,7 +189,7 @@ def fit_fused(config: dict[str, Any], s0: dict[str, int], s1: dict[str, int], it
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
 
 
-def _launch_strides(st: Stage, var: str = "e") -> list[str]:
+def launch_strides(st: Stage, var: str = "e") -> list[str]:
     return [f"{var}[{j}].stride({'bmn'.index(d)})" for j, e in enumerate(st.extras) for d in e.dims]
 
 
@@ -224,7 +224,7 @@ def stage_text(name: str, st: Stage, cfg: dict[str, Any], params: list[str]) -> 
     consts = (f"BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, GROUP_M={cfg['GROUP_M']}, SPLIT_K={sk}, "
               f"EVEN_K=K % {bk * sk} == 0, UPCAST={name}_UPCAST, num_warps={cfg['num_warps']}, "
               f"num_stages={cfg['num_stages']}")
-    extra_strides = "".join(f"{s}, " for s in _launch_strides(st))
+    extra_strides = "".join(f"{s}, " for s in launch_strides(st))
     if sk == 1 and cfg.get("SCHEDULE") == "tma":
         flags = "".join(f"B{j}_T=b{j}.stride(2) != 1, " for j in range(nb))
         lines += [f"    if {name}_tma_ok(a, {bs}):",
@@ -310,8 +310,8 @@ def render_gemm(match: Match, st: Stage, config: dict[str, Any], name: str) -> l
 def fused_launcher(name: str, match: Match, s0: Stage, s1: Stage, cfg: dict[str, Any]) -> str:
     ins = [f"x_{n.name}" for n in match.inputs]
     params = ", ".join(ins)
-    strides = ", ".join(["*a.stride(), *b.stride(), *c.stride()"] + _launch_strides(s0, "e0")
-                        + _launch_strides(s1, "e1"))
+    strides = ", ".join(["*a.stride(), *b.stride(), *c.stride()"] + launch_strides(s0, "e0")
+                        + launch_strides(s1, "e1"))
     bm, bk = cfg["BLOCK_M"], cfg["BLOCK_K"]
     views = {s.name: f"views[{j}]" for j, s in enumerate(s1.stores)}
     return "\n".join([

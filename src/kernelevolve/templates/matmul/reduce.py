@@ -18,10 +18,10 @@ from kernelevolve.templates.graphutil import pow2
 from kernelevolve.templates.matmul.kernels import SPLIT_TF32X3_FP32SUM, epilogue_lines, indent, k_steps, precision_args, \
     split_text, upcast_flag
 from kernelevolve.templates.matmul.launch import IEEE_LONG, SMEM_BYTES, SMS, WGMMA_ROWS, first_choice, itemsize_of, \
-    _launch_strides, precisions, prep_text, split_mode, splittable
+    launch_strides, precisions, prep_text, split_mode, splittable
 from kernelevolve.templates.matmul.operands import gemm_parts, is_gemm, operand
 from kernelevolve.templates.matmul.stage import Head, Stage, StageBuilder
-from kernelevolve.templates.rowreduce.codegen import RowGen, store_output
+from kernelevolve.templates.rowreduce.render import RowGen, store_output
 from kernelevolve.templates.rowreduce.frame import Frame
 from kernelevolve.templates.rowreduce.template import RowReduceTemplate
 
@@ -178,7 +178,7 @@ def _launcher(name: str, match: Match, st: Stage, gen: RowGen, sub: Match, cfg: 
     loads = [f"x_{node.name}.contiguous()" for node, _ in gen.loads]
     outs = ", ".join(f"torch.empty({list(shape(n))!r}, dtype={dtype(n)}, device=a.device)" for n in sub.outputs)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    extra_strides = "".join(f"{s}, " for s in _launch_strides(st))
+    extra_strides = "".join(f"{s}, " for s in launch_strides(st))
     return "\n".join([
         f"def {name}(*inputs):", f"    {', '.join(ins)}, = inputs", f"    a = {st.a.expr}",
         f"    b0 = {st.bs[0].expr}", "    M, K = a.shape", "    N = b0.shape[1]",

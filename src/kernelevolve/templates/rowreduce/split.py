@@ -190,7 +190,7 @@ def _combine(r: fx.Node, partner: fx.Node | None, slots: dict[fx.Node, int], row
 def _partial(g: Any, r: fx.Node, partner: fx.Node | None, slots: dict[fx.Node, int], rows: int, parts: int,
              env: dict[fx.Node, str], chunk: list[str], loaded: set, helpers: dict[str, Any],
              share: str) -> list[str]:
-    """This program's partial of stage ``r`` over its share of the row, stored in its slot (codegen.fold's loop)."""
+    """This program's partial of stage ``r`` over its share of the row, stored in its slot (render.fold's loop)."""
     lines: list[str] = []
     g.ensure(helpers["scalar_ancestors"](g, r, env), env, "    ", lines, loaded)
     folded, values = helpers["fold"](g, r, partner, env, chunk, loaded)

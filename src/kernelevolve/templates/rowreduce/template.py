@@ -157,7 +157,7 @@ class RowReduceTemplate:
         return out
 
     def render(self, match: Match, config: dict[str, Any], name: str) -> str:
-        from kernelevolve.templates.rowreduce.codegen import render_region
+        from kernelevolve.templates.rowreduce.render import render_region
 
         return render_region(match, config, name, Frame(tuple(match.spec["full"]), match.spec["dim"]))
 

@@ -1,9 +1,4 @@
-"""Fused pointwise: any DAG of elementwise ops over one output shape becomes one kernel.
-
-Shapes are fixed by the candidate's guard, so sizes and strides are written into the kernel as constants: index
-arithmetic by constants compiles to multiplies and shifts. Dimensions that are contiguous for every operand are merged
-first, so a plain [M, N] chain indexes linearly and a [N] bias on [M, N] costs one modulo.
-"""
+"""The pointwise family's template: matching, search space and the kernel."""
 from __future__ import annotations
 
 from typing import Any
