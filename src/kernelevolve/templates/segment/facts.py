@@ -22,13 +22,9 @@ class Shifted:
 
 
 @dataclass(frozen=True)
-class Diff:
-    """``node[j] == base[j + shift + 1] - base[j + shift]`` for every j >= lo."""
-
-    base: fx.Node
-    shift: int
-    lo: int
-    nodes: tuple[fx.Node, ...]  # the subtraction and the views under and over it
+class Diff(Shifted):
+    """``node[j] == base[j + shift + 1] - base[j + shift]`` for every j >= lo (``nodes``: the subtraction and the
+    views under and over it)."""
 
 
 def _slice_start(node: fx.Node) -> int | None:
