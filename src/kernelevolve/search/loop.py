@@ -14,14 +14,15 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING, Any, Callable
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate.result import Baseline, Result, ScreenResult, Status
+from kernelevolve.evaluate.result import Baseline, Result, ScreenResult
 from kernelevolve.problem import Problem
 from kernelevolve.rows import Node
-from kernelevolve.search import policy
+from kernelevolve.search import policy, turns
+from kernelevolve.search.batches import Batches
 from kernelevolve.search.proposals import Proposals
-from kernelevolve.search.protocols import Cancelling, Pool, Proposer, Screen, Warming
+from kernelevolve.search.protocols import Pool, Proposer
 from kernelevolve.search.select import Selector, best_node
-from kernelevolve.search.state import MAX_REPEATS, SearchConfig, SearchOutcome, SearchState, Step, Stop
+from kernelevolve.search.state import SearchConfig, SearchOutcome, SearchState, Step, Stop
 from kernelevolve.search.tree import Tree
 from kernelevolve.store import Store
 
@@ -39,7 +40,6 @@ class _Loop:
                  proposers: list[Proposer], selector: Selector, cfg: SearchConfig, baseline: Baseline | None,
                  profile: Profile | None, on_result: OnResult | None, on_screen: OnScreen | None = None):
         self.pool, self.cfg, self.baseline = pool, cfg, baseline
-        self.screen: Screen | None = pool if isinstance(pool, Screen) else None
         self.on_result, self.on_screen = on_result, on_screen
         self.tree = Tree(store, run_id, problem.sha, device_key)
         self.history = self.tree.nodes
@@ -49,7 +49,7 @@ class _Loop:
         self.proposals = Proposals(store, run_id, problem, device, device_key, profile, proposers, selector, cfg,
                                    self.state)
         self.in_flight: dict[Future[Result], Node] = {}
-        self.screening: dict[Future[list[ScreenResult]], tuple[list[Node], float]] = {}  # batch, when sent
+        self.batches = Batches(pool, self.state)
         self.began = time.monotonic()
         # Only a floor from datasheet ceilings is a hard limit; measured CPU ceilings are beaten by cache-resident ops.
         self.floor_ms = profile.floor_ms if profile and profile.ceilings_source == "table" else None
@@ -61,7 +61,7 @@ class _Loop:
         return policy.best_speedup(self.baseline, self.state.best_ms)
 
     def screen_on(self) -> bool:
-        return policy.screen_on(self.cfg, self.state, self.screen is not None)
+        return policy.screen_on(self.cfg, self.state, self.batches.screen is not None)
 
     def ask(self) -> None:
         self.proposals.ask(self.history, self.screen_on(), self.pool.workers)
@@ -74,12 +74,6 @@ class _Loop:
         node = self.in_flight.pop(fut)
         self.state.judging.remove(node.id)
         return node
-
-    def send_batch(self, batch: list[Node]) -> None:
-        assert self.screen is not None  # only sent while screen_on()
-        sent = time.monotonic()
-        self.screening[self.screen.screen([n.candidate() for n in batch])] = (batch, sent)
-        self.state.batches.append(len(batch))
 
     def submit_next(self) -> Step:
         """Submit one candidate to the judge, or one batch to the screen."""
@@ -112,22 +106,29 @@ class _Loop:
         cand = self.state.queue.popleft()
         if any(n.sha == cand.sha for n in self.history):
             self.state.repeats += 1  # this run already holds that source
-            return Step.TOOK if self.state.repeats < MAX_REPEATS else Step.DONE
+            return turns.after_repeat(self.state)
         self.state.repeats = 0
+        node = self.add(cand, "source already evaluated for this problem and device; reusing its result")
+        return Step.TOOK if node is None else node
+
+    def add(self, cand: Candidate, reused: str = "") -> Node | None:
+        """``cand`` as a new node of the tree; None when its source was judged for this problem and device in
+        another run, whose result it takes as it is (logged with ``reused``)."""
         node = self.tree.add(cand)
-        if node.result is not None:
-            log.info("node %d: source already evaluated for this problem and device; reusing its result", node.id)
-            self._record(node, node.result.with_baseline(self.baseline), save=False)
-            return Step.TOOK
-        return node
+        if node.result is None:
+            return node
+        if reused:
+            log.info("node %d: %s", node.id, reused)
+        self._record(node, node.result.with_baseline(self.baseline), save=False)
+        return None
 
     def submit_batch(self) -> Step:
         """Send the next batch to the screen. A batch holds the candidates of the proposer whose turn it is
-        (policy.next_proposer), so that template candidates, compiled in seconds, do not wait on Inductor's, which
+        (turns.next_proposer), so that template candidates, compiled in seconds, do not wait on Inductor's, which
         take tens of seconds each; when that proposer has nothing queued, it is asked first (WAIT: for it)."""
         state = self.state
         queued = {c.proposer for c in state.queue}
-        head = policy.next_proposer(self.cfg, state, self.history, self.proposals.seats)
+        head = turns.next_proposer(self.cfg, state, self.history, self.proposals.seats)
         if head is not None and head not in queued:
             if not self.proposals.asking:
                 self.ask()
@@ -135,7 +136,7 @@ class _Loop:
                 return Step.WAIT
         if head is None or head not in queued:
             head = state.queue[0].proposer
-        room = policy.batch_room(self.cfg, state, self.proposals.seats, head)
+        room = turns.batch_room(self.cfg, state, self.proposals.seats, head)
         batch: list[Node] = []
         others: list[Candidate] = []  # other proposers' candidates, back to the queue in their order
         while state.queue and len(batch) < room:
@@ -150,35 +151,15 @@ class _Loop:
         state.queue.extendleft(reversed(others))
         if batch:
             state.batches_sent[head] += 1
-            self.send_batch(batch)
+            self.batches.send(batch)
             return Step.TOOK
         state.dry[head] = state.recorded  # only repeats of what the run holds: others go first until the next result
-        return Step.TOOK if state.repeats < MAX_REPEATS else Step.DONE
-
-    def _screened(self, fut: Future[list[ScreenResult]], nodes: list[Node]) -> list[ScreenResult]:
-        """The batch's results; a batch whose screen failed as a whole was not screened (each goes to the judge)."""
-        if fut.cancelled():  # by cancel_screens(), before it started
-            return [ScreenResult(Status.RUNTIME_ERROR, "not screened: the search stopped first", harness=True)] \
-                * len(nodes)
-        try:
-            results = fut.result()
-            if len(results) == len(nodes):
-                return results
-            reason = f"the screen returned {len(results)} results for {len(nodes)} candidates"
-        except Exception as e:  # the executor's own failure, not the candidates'
-            reason = f"{type(e).__name__}: {e}"
-        log.warning("a screen batch failed: %s; its candidates go to the judge", reason)
-        return [ScreenResult(Status.RUNTIME_ERROR, f"not screened: {reason}", harness=True)] * len(nodes)
+        return turns.after_repeat(state)
 
     def _record_screen(self, fut: Future[list[ScreenResult]]) -> None:
         """Store what the screen found and queue the finalists policy.pick_finalists chose for the judge."""
-        nodes, sent_at = self.screening.pop(fut)
         state = self.state
-        state.batches.remove(len(nodes))
-        state.screen_s += time.monotonic() - sent_at
-        results = self._screened(fut, nodes)
-        unscreened = [n for n, r in zip(nodes, results) if r.harness]  # the screen's own failure: to the judge
-        pairs = [(n, r) for n, r in zip(nodes, results) if not r.harness]
+        pairs, unscreened = self.batches.take(fut)
         state.screened += len(pairs)
         chosen = policy.pick_finalists(self.cfg, state, pairs, policy.screen_bar(self.history),
                                        policy.hopeless_ms(self.baseline))
@@ -189,13 +170,7 @@ class _Loop:
                 sent[node.id] = node
             else:
                 self.proposals.observe(node)  # the screen's word is its last
-        state.finalists.extend(sent[i] for i in chosen)  # the fastest first
-        state.backups.update(policy.backups_of(chosen))
-        state.finalists.extend(unscreened)
-        if pairs and not chosen:
-            state.since_best += 1
-        if pairs:
-            state.recorded += 1  # the tree holds new screen times: a proposer that had nothing may have some now
+        policy.queue_finalists(state, [sent[i] for i in chosen], unscreened, len(pairs))
         if self.on_screen:
             self.on_screen(len(pairs), len(chosen))
 
@@ -227,26 +202,7 @@ class _Loop:
         held = self.tree.find(cand.sha)
         if held is not None:
             return held if held.result is None and held.id not in self.state.judging else None
-        node = self.tree.add(cand)
-        if node.result is not None:  # judged for this problem and device in another run: reused as it is
-            self._record(node, node.result.with_baseline(self.baseline), save=False)
-            return None
-        return node
-
-    def budget_left(self) -> float | None:
-        """Seconds until the time budget ends, None without one or once it has (nothing to wake up for then)."""
-        if self.cfg.time_budget_s is None or self.state.start is None:
-            return None
-        left = self.state.start + self.cfg.time_budget_s - time.monotonic()
-        return left + 0.01 if left > 0 else None
-
-    def cancel_screens(self) -> None:
-        """Stop the batches in flight: their candidates not yet screened come back as the screen's own failure and
-        stay pending in the tree (a resumed run screens them)."""
-        self.state.cancelled = True
-        if isinstance(self.pool, Cancelling):
-            log.info("the search stopped with %d screen batch(es) in flight: cancelling them", len(self.screening))
-            self.pool.cancel_screens()
+        return self.add(cand)
 
     def _record(self, node: Node, result: Result, save: bool = True) -> None:
         result = result.flag_suspect(self.floor_ms)
@@ -255,37 +211,14 @@ class _Loop:
             self.state.evaluated += 1
         self.proposals.observe(self.tree.current(node))
         policy.count_result(self.state, result, judged=save)
-        self.drop_backups(node, result)
+        dropped = policy.drop_backups(self.cfg, self.state, node, result, self.history)
+        for backup in dropped:
+            self.proposals.observe(self.tree.drop_finalist(backup))
+        if dropped:
+            log.info("node %d: judged at %.4g ms against %.4g ms on the screen; %d backup finalist(s) of its batch "
+                     "not judged", node.id, result.runtime_ms, node.screen.ms if node.screen else None, len(dropped))
         if self.on_result:
             self.on_result(node, result)
-
-    def drop_backups(self, node: Node, result: Result) -> None:
-        """Once the judge has timed a finalist as its screen time predicts (policy.screen_agrees), the batch's
-        finalists still waiting behind it, slower on the screen, are not judged (their screen result is their last
-        word). A finalist that failed the judge, or whose times disagree, leaves them waiting."""
-        later = self.state.backups.pop(node.id, None)
-        if not later or not policy.screen_agrees(self.cfg.backup_agree, node, result, self.history):
-            return
-        waiting = {n.id: n for n in self.state.finalists if n.id in later}
-        if not waiting:
-            return
-        self.state.finalists = deque(n for n in self.state.finalists if n.id not in waiting)
-        for node_id, backup in waiting.items():
-            self.state.backups.pop(node_id, None)
-            self.proposals.observe(self.tree.drop_finalist(backup))
-        log.info("node %d: judged at %.4g ms against %.4g ms on the screen; %d backup finalist(s) of its batch not "
-                 "judged", node.id, result.runtime_ms, node.screen.ms, len(waiting))
-
-    def seed_known(self) -> None:
-        """Start a fresh run from the fastest kernels already verified for this problem on this device model (a
-        baseline stored beside the run, or an earlier run's winners). They cost no evaluation, and the run can then
-        never return something slower than what is already known."""
-        for cand in self.tree.known_seeds():
-            node = self.tree.add(cand)
-            if node.result is not None:
-                log.info("node %d: reusing a kernel already verified for this problem and device (%.4g ms)", node.id,
-                         node.result.runtime_ms)
-                self._record(node, node.result.with_baseline(self.baseline), save=False)
 
     def resume_pending(self) -> None:
         """Take up what a killed run left pending: its finalists go to the judge, the nodes it had not screened yet
@@ -295,7 +228,7 @@ class _Loop:
             self.state.finalists.extend(n for n in pending if n.finalist)
             fresh = [n for n in pending if not n.finalist]
             for i in range(0, len(fresh), self.cfg.screen_batch):
-                self.send_batch(fresh[i:i + self.cfg.screen_batch])
+                self.batches.send(fresh[i:i + self.cfg.screen_batch])
             return
         for node in pending:
             self.judge(node)
@@ -316,12 +249,11 @@ class _Loop:
     def _run(self) -> SearchOutcome:
         state = self.state
         if all(n.meta.get("start") for n in self.history):  # a fresh run (its start kernels are judged already)
-            self.seed_known()
+            for cand in self.tree.known_seeds():  # they cost no evaluation, and the best can never be slower
+                self.add(cand, "reusing a kernel already verified for this problem and device")
         self.resume_pending()
-        if isinstance(self.pool, Warming) and self.screen_on() and not (state.busy or state.finalists) \
-                and self.stop() is None:
-            self.pool.warm_screens(self.cfg.screen_batch)  # the screen's processes start while the first proposal
-            # is made (no judge is timing yet)
+        if self.screen_on() and not (state.busy or state.finalists) and self.stop() is None:
+            self.batches.warm(self.cfg.screen_batch)
         stop: Stop | None = None
         reason = ""
         while True:
@@ -344,17 +276,17 @@ class _Loop:
             if stop is None and self.cfg.pipeline and not state.queue and state.busy and self.stop() is None:
                 self.ask()  # every worker is busy and nothing is queued: propose while they run
             proposing = self.proposals.future if waiting or stop is None else None
-            pending: list[Future[Any]] = [*self.in_flight, *self.screening, *([proposing] if proposing else [])]
+            pending: list[Future[Any]] = [*self.in_flight, *self.batches.flying, *([proposing] if proposing else [])]
             if not state.busy and (stop is not None or not pending):
                 break
-            if self.screening and not state.cancelled and self.stop() is not None:
-                self.cancel_screens()  # the search is over: a batch still compiling would only delay the answer
-            done, _ = wait(pending, timeout=self.budget_left() if self.screening and not state.cancelled else None,
+            if state.batches and not state.cancelled and self.stop() is not None:
+                self.batches.cancel()  # the search is over: a batch still compiling would only delay the answer
+            done, _ = wait(pending, timeout=policy.wait_limit(self.cfg, state, time.monotonic()),
                            return_when=FIRST_COMPLETED)
             for fut in done:
                 if fut is self.proposals.future:
                     self.proposals.take()
-                elif fut in self.screening:
+                elif fut in self.batches.flying:
                     self._record_screen(fut)
                 else:
                     self._record(self.judged(fut), fut.result().with_baseline(self.baseline))

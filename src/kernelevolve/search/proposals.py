@@ -12,7 +12,7 @@ from kernelevolve.evaluate.result import Baseline
 from kernelevolve.problem import Problem
 from kernelevolve.propose.base import ProposalContext
 from kernelevolve.rows import Node
-from kernelevolve.search import policy
+from kernelevolve.search import policy, turns
 from kernelevolve.search.protocols import (Observing, Proposer, Recording, Stopping, WithFallbacks, examples_from_any,
                                            weight)
 from kernelevolve.search.select import Selector
@@ -37,7 +37,7 @@ class Proposals:
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelevolve-propose")
         self.future: Future[list[Candidate]] | None = None  # the proposal being made
         self.recording: Store | None = None
-        self.experience = {p.name: policy.rank_experience(store.experience(
+        self.experience = {p.name: turns.rank_experience(store.experience(
             device_key, None if examples_from_any(p) else p.name, exclude_run=run_id), profile)
             for p in proposers}
 
@@ -46,11 +46,11 @@ class Proposals:
         return self.future is not None
 
     def ask(self, history: list[Node], screening: bool, workers: int) -> None:
-        """Start the next proposal on the proposal thread, from a snapshot of the tree as it stands (policy.may_ask,
-        policy.whom_to_ask)."""
-        if self.future is not None or not policy.may_ask(self.state):
+        """Start the next proposal on the proposal thread, from a snapshot of the tree as it stands (turns.may_ask,
+        turns.whom_to_ask)."""
+        if self.future is not None or not turns.may_ask(self.state):
             return
-        asked = policy.whom_to_ask(self.state, self.seats, screening)
+        asked = turns.whom_to_ask(self.state, self.seats, screening)
         if not asked:
             return
         self.state.asked_at, self.state.asked_for = (self.state.recorded, bool(self.state.busy)), asked
@@ -63,7 +63,7 @@ class Proposals:
                 if isinstance(proposer, Recording):
                     proposer.bind(self.recording, self.run_id)
         parents = self.selector.select(history, 1)
-        sizes = policy.ask_sizes(self.cfg, self.seats, history, self.cfg.screen_batch if screening else workers,
+        sizes = turns.ask_sizes(self.cfg, self.seats, history, self.cfg.screen_batch if screening else workers,
                                  screening)
         out: list[Candidate] = []
         for proposer, n in zip(self.proposers, sizes):
@@ -81,7 +81,7 @@ class Proposals:
         cands = fut.result()
         if self.state.start is None:
             self.state.start = time.monotonic()
-        policy.take_proposal(self.state, cands, len(self.proposers))
+        turns.take_proposal(self.state, cands, len(self.proposers))
 
     def take_if_done(self) -> None:
         if self.future is not None and self.future.done():
