@@ -79,8 +79,8 @@ class Step(Enum):
 
 @dataclass
 class SearchState:
-    """The counts and decisions a search carries from one step to the next. The driver keeps it current; the
-    policy's functions read it."""
+    """The counts and decisions a search carries from one step to the next. The driver records what it sends and
+    what comes back; the policy's functions (policy.py, turns.py) read it and write their decisions into it."""
     evaluated: int = 0  # judged in this run
     screened: int = 0
     judging: list[int] = field(default_factory=list)  # ids of the nodes at the judge, one per evaluation in flight
