@@ -451,7 +451,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
     problem = load_problem(args.problem, device if here else "cpu")
     history, profile, experience = [], None, []
     if run is not None:
-        from kernelevolve.search.loop import rank_experience
+        from kernelevolve.search.turns import rank_experience
 
         if run.problem_sha != problem.sha:
             raise UsageError(f"run {run.id} is of another problem (or of an older version of {args.problem})")

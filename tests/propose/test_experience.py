@@ -14,7 +14,7 @@ from kernelevolve.propose.base import ProposalContext  # noqa: E402
 from kernelevolve.propose.inductor import InductorProposer  # noqa: E402
 from kernelevolve.propose.llm import LLMProposer  # noqa: E402
 from kernelevolve.propose.template import TemplateProposer, plan_problem  # noqa: E402
-from kernelevolve.search.loop import rank_experience  # noqa: E402
+from kernelevolve.search.turns import rank_experience  # noqa: E402
 from tests.factories import make_experience, make_profile  # noqa: E402
 
 SOFTMAX = """

@@ -167,7 +167,7 @@ def test_a_resumed_run_screens_what_it_had_not_screened(store, problem):
 
 def test_the_proposer_holding_the_fastest_kernel_is_asked_for_more():
     from kernelevolve.evaluate.result import Result, Timing
-    from kernelevolve.search.loop import proposer_promise
+    from kernelevolve.search.turns import proposer_promise
     from tests.factories import make_node
 
     def judged(i, proposer, ms):
