@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kernelevolve.evaluate.headtohead import COMPILE_OPTIONS, LABELS, HeadToHead
+from kernelevolve.candidate import compiled_source, diff_text
 from kernelevolve.evaluate.result import Baseline, Result
 from kernelevolve.roofline import counters_html, roofline_svg
-from kernelevolve.rows import Node
-from kernelevolve.search.select import best_node
+from kernelevolve.rows import Node, best_node
+from kernelevolve.spend import SpendLimits
 from kernelevolve.store import Store
 
 NONE = "—"
@@ -194,8 +195,6 @@ def _llm(usage: dict | None, config: dict | None = None, stop_reason: str | None
              str(u["errors"]), str(u["input_tokens"]), str(u["output_tokens"]),
              "—" if u["cost_usd"] is None else f"${u['cost_usd']:.4f}"]
             for name, u in [*usage["by_model"].items(), ("all", usage)]]
-    from kernelevolve.propose.llm import SpendLimits
-
     lim = SpendLimits.from_options((config or {}).get("proposer_options") or {})
     budget = [("budget: calls", str(lim.calls or "no limit")), ("budget: tokens", str(lim.tokens or "no limit")),
               ("budget: cost", _num(lim.cost_usd, "g", " USD") if lim.cost_usd else "no limit")]
@@ -511,10 +510,8 @@ def _baseline_answer(side: str, why: str, source: str, speedups: dict[str, float
     if side == "eager":
         return {"node": None, "reference": True, "baseline": side, "why": why, "speedups": speedups,
                 "source": reference_candidate(source, why)}
-    from kernelevolve.propose.inductor import render
-
     return {"node": None, "reference": False, "baseline": side, "why": why, "speedups": speedups,
-            "source": render(source, COMPILE_OPTIONS[side], LABELS[side])}
+            "source": compiled_source(source, COMPILE_OPTIONS[side], LABELS[side])}
 
 
 def _clocks_view(baseline: Baseline) -> dict[str, Any]:
@@ -537,8 +534,6 @@ def _with_start_diff(best: dict[str, Any], history: Sequence[Node]) -> dict[str,
     root = start_of(node, history) if node is not None else None
     if root is None or root.id == node.id:
         return best
-    from kernelevolve.propose.start import diff_text
-
     return dict(best, start=root.meta["start"], diff=diff_text(root.source, node.source, root.meta["start"]))
 
 
