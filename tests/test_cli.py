@@ -227,3 +227,22 @@ def test_show_gives_a_reason_the_width_the_terminal_has(tmp_path, monkeypatch, c
     assert main(["show", "latest", "--db", str(tmp_path / "ke.db")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert ("and the last words" in out) == whole and "8188 of 131072" in out
+
+
+def test_show_diff_labels_each_side_with_its_own_node(tmp_path, capsys):
+    from kernelevolve.candidate import Candidate
+    from kernelevolve.cli import main
+    from kernelevolve.evaluate.result import Result, Status
+    from kernelevolve.problem import load_problem
+
+    problem = load_problem(Path(__file__).resolve().parents[1] / "examples" / "gelu_mlp.py", "cpu")
+    store = Store(tmp_path / "ke.db")
+    run = store.create_run(problem, "cpu", "cpu:test", {}, {})
+    parent = store.add_node(run, problem.sha, "cpu:test", Candidate("x = 1\n", proposer="manual"))
+    child = store.add_node(run, problem.sha, "cpu:test", Candidate("x = 2\n", proposer="manual", parent=parent.id))
+    for n in (parent, child):
+        store.save_result(n.id, Result(Status.INCORRECT, "wrong"))
+    store.close()
+    assert main(["show", "latest", "--db", str(tmp_path / "ke.db"), "--diff", str(child.id)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [f"--- node {parent.id}", f"+++ node {child.id}"] and "-x = 1" in lines and "+x = 2" in lines

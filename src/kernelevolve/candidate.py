@@ -117,7 +117,9 @@ def compiled_source(problem_source: str, options: dict[str, Any], label: str) ->
                                     options_repr=repr(dict(sorted(options.items()))))
 
 
-def diff_text(start: str, variant: str, name: str = "start") -> str:
-    """The variant against its start file, as a unified diff."""
-    return "".join(difflib.unified_diff(start.splitlines(keepends=True), variant.splitlines(keepends=True),
-                                        f"{name} (start)", f"{name} (variant)", n=1))
+def diff_text(start: str, variant: str, name: str = "start", labels: tuple[str, str] | None = None) -> str:
+    """The variant against its start file, as a unified diff; ``labels`` name the two sides (default: the start
+    file's ``name``, as start and variant)."""
+    old, new = labels or (f"{name} (start)", f"{name} (variant)")
+    return "".join(difflib.unified_diff(start.splitlines(keepends=True), variant.splitlines(keepends=True), old, new,
+                                        n=1))

@@ -627,7 +627,7 @@ def _node_clocks(n: dict[str, Any]) -> str:
 
 
 def _show_diff(store: Any, run_ref: str, node_id: int) -> int:
-    from kernelevolve.propose.start import diff_text
+    from kernelevolve.candidate import diff_text
     from kernelevolve.report import start_of
 
     history = store.nodes(store.run(run_ref).id)
@@ -639,8 +639,9 @@ def _show_diff(store: Any, run_ref: str, node_id: int) -> int:
         (n for n in history if n.id == node.parent), None)
     if base is None:
         raise UsageError(f"node {node_id} has no start kernel or parent to compare with")
-    name = base.meta.get("start") or f"node {base.id}"
-    print(diff_text(base.source, node.source, name) or f"node {node_id} is identical to {name}", end="")
+    old = f"{base.meta['start']} (start), node {base.id}" if base.meta.get("start") else f"node {base.id}"
+    print(diff_text(base.source, node.source, labels=(old, f"node {node.id}"))
+          or f"node {node_id} is identical to {old}\n", end="")
     return EXIT_OK
 
 
