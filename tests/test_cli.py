@@ -246,3 +246,31 @@ def test_show_diff_labels_each_side_with_its_own_node(tmp_path, capsys):
     assert main(["show", "latest", "--db", str(tmp_path / "ke.db"), "--diff", str(child.id)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == [f"--- node {parent.id}", f"+++ node {child.id}"] and "-x = 1" in lines and "+x = 2" in lines
+
+
+def _subparsers():
+    import argparse
+
+    from kernelevolve.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+@pytest.mark.parametrize("command", sorted(_subparsers()))
+def test_every_argument_has_help(command):
+    missing = [a.option_strings or a.dest for a in _subparsers()[command]._actions if not a.help]
+    assert not missing, missing
+
+
+def test_optimize_help_gives_defaults(capsys):
+    from kernelevolve.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for said in ("the problem file", "(default: 20)", "(default: kernelevolve.db)", "(default: kernelevolve-out)"):
+        assert said in text, said
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert text.count("(default: template,inductor)") <= 1  # said once, where the help already says it
+
