@@ -263,14 +263,18 @@ def test_every_argument_has_help(command):
     assert not missing, missing
 
 
-def test_optimize_help_gives_defaults(capsys):
+def test_optimize_help_gives_defaults_and_exit_codes(capsys):
     from kernelevolve.cli import main
 
     with pytest.raises(SystemExit):
         main(["optimize", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    for said in ("the problem file", "(default: 20)", "(default: kernelevolve.db)", "(default: kernelevolve-out)"):
+    out = capsys.readouterr().out
+    text = " ".join(out.split())
+    for said in ("the problem file", "(default: 20)", "(default: kernelevolve.db)", "(default: kernelevolve-out)",
+                 "exit codes: 0 a candidate was verified", "1 no candidate was verified", "2 a usage error",
+                 "130 interrupted"):
         assert said in text, said
     assert "(default: None)" not in text and "(default: False)" not in text
     assert text.count("(default: template,inductor)") <= 1  # said once, where the help already says it
+    assert max(map(len, out[out.index("exit codes:"):].splitlines())) <= 79
 

@@ -760,6 +760,22 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+OPTIMIZE_EXIT_CODES = """exit codes:
+  0    a candidate was verified. best.py is the best answer: the reference
+       itself (or torch.compile's kernel) where no candidate beat it, as the
+       last lines say
+  1    no candidate was verified; best.py is the reference itself
+  2    a usage error, a bad problem file, or a start kernel (--start) that
+       failed the judge
+  130  interrupted; every finished evaluation is stored (--resume latest)"""
+
+CHECK_EXIT_CODES = """exit codes:
+  0    the candidate is verified (ok)
+  1    any other status (incorrect, compile_error, runtime_error, timeout,
+       crashed, rejected)
+  2    a usage error or a bad problem file"""
+
+
 def add_db_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=DEFAULT_DB, help="the SQLite store of runs and their search trees")
 
@@ -850,7 +866,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = p.add_subparsers(dest="command", required=True)
 
-    o = sub.add_parser("optimize", help="search for a faster verified kernel")
+    o = sub.add_parser("optimize", help="search for a faster verified kernel", epilog=OPTIMIZE_EXIT_CODES)
     add_optimize_args(o)
     o.add_argument("--out", default="kernelevolve-out", help="where best.py, report.html and the run's work files go")
     o.add_argument("--resume", metavar="RUN", help="continue run RUN (an id or 'latest') from the store")
@@ -872,7 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "kept (default: both on a GPU, eager on the CPU)")
     m.set_defaults(func=cmd_optimize_model)
 
-    c = sub.add_parser("check", help="verify and time one candidate file")
+    c = sub.add_parser("check", help="verify and time one candidate file", epilog=CHECK_EXIT_CODES)
     c.add_argument("problem", help="the problem file")
     c.add_argument("candidate", help="the candidate file (a ModelNew)")
     c.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
