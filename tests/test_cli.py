@@ -278,3 +278,16 @@ def test_optimize_help_gives_defaults_and_exit_codes(capsys):
     assert text.count("(default: template,inductor)") <= 1  # said once, where the help already says it
     assert max(map(len, out[out.index("exit codes:"):].splitlines())) <= 79
 
+
+@pytest.mark.parametrize("argv", [["--debug", "runs"], ["runs", "--debug"]])
+def test_debug_goes_before_or_after_the_subcommand(argv):
+    from kernelevolve.cli import build_parser
+
+    assert build_parser().parse_args(argv).debug is True
+    assert build_parser().parse_args(argv[1:] if argv[0] == "--debug" else argv[:1]).debug is False
+
+
+def test_debug_after_the_subcommand_shows_traceback(files):
+    p = ke("inspect", files["bad:forward_raises"], "--debug", cwd=files["dir"])
+    assert p.returncode == 2
+    assert "Traceback" in p.stderr and "forward exploded" in p.stderr

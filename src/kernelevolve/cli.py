@@ -863,7 +863,7 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernelevolve", description="Find faster, verified kernels for PyTorch operators.",
                                 formatter_class=HelpFormatter)
-    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
     o = sub.add_parser("optimize", help="search for a faster verified kernel", epilog=OPTIMIZE_EXIT_CODES)
@@ -998,8 +998,12 @@ def build_parser() -> argparse.ArgumentParser:
     jb.set_defaults(func=cmd_jobs)
     for sp in sub.choices.values():
         sp.formatter_class = HelpFormatter
+        # SUPPRESS: given after the subcommand it sets debug; absent there, it leaves the value given before it
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return p
 
+
+DEBUG_HELP = "show tracebacks and debug logs (before or after the subcommand)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
