@@ -291,3 +291,23 @@ def test_debug_after_the_subcommand_shows_traceback(files):
     p = ke("inspect", files["bad:forward_raises"], "--debug", cwd=files["dir"])
     assert p.returncode == 2
     assert "Traceback" in p.stderr and "forward exploded" in p.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 250])
+def test_runs_is_readable_at_the_terminal_width(tmp_path, monkeypatch, capsys, columns):
+    from kernelevolve.cli import main
+    from kernelevolve.problem import load_problem
+
+    problem = load_problem(Path(__file__).resolve().parents[1] / "examples" / "gelu_mlp.py", "cpu")
+    store = Store(tmp_path / "ke.db")
+    for _ in range(2):
+        run = store.create_run(problem, "cuda", "cuda:NVIDIA H100 80GB HBM3", {}, {})
+        store.update_run(run, status="finished", stop_reason="stalled: 10 evaluations without a new best")
+    store.close()
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["runs", "--db", str(tmp_path / "ke.db")]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= columns and "…" not in out  # nothing cut
+    text = " ".join(out.split())
+    for said in ("gelu_mlp", "finished", "cuda:NVIDIA H100 80GB HBM3", "stalled: 10 evaluations without a new best"):
+        assert said in text, said

@@ -557,6 +557,7 @@ def _render_plan(problem, device: str) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from rich.measure import Measurement
     from rich.table import Table
 
     from kernelevolve.store import Store
@@ -572,8 +573,35 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for r in runs:
         table.add_row(str(r.id), r.name, r.device_key, r.status, str(r.n_nodes), str(r.screened), str(r.evaluated),
                       r.created, r.stop_reason or "")
-    _console().print(table)
+    console = _console()
+    if Measurement.get(console, console.options.update_width(10_000), table).maximum > console.width:
+        print(_compact_runs(runs, console.width))
+        return EXIT_OK
+    console.print(table)
     return EXIT_OK
+
+
+def _compact_runs(runs: list[Any], width: int) -> str:
+    """The run listing for a narrow terminal: one line of short columns per run (the creation time to the minute),
+    then its device and the reason it stopped, indented and wrapped to ``width``."""
+    import textwrap
+
+    head = ("run", "problem", "status", "nodes", "scr.", "judged", "created (UTC)")
+    rows = [(str(r.id), r.name, r.status, str(r.n_nodes), str(r.screened), str(r.evaluated),
+             r.created[5:16].replace("T", " ")) for r in runs]
+    widths = [max(len(c) for c in col) for col in zip(head, *rows)]
+    right = {0, 3, 4, 5}  # counts align right
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [line(head).rstrip()]
+    indent = " " * (widths[0] + 2)
+    for r, cells in zip(runs, rows):
+        out.append(line(cells).rstrip())
+        rest = r.device_key + (f"; stopped: {r.stop_reason}" if r.stop_reason else "")
+        out += textwrap.wrap(rest, max(width, 40), initial_indent=indent, subsequent_indent=indent)
+    return "\n".join(out)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
