@@ -136,3 +136,20 @@ def test_without_a_head_to_head_a_winner_slower_than_torch_compile_is_not_the_an
         view = _best_view(node, "fastest timed candidate", base, "class Model: ...", h2h=h2h)
         assert view["baseline"] == "compiled" and "no candidate beat torch.compile" in view["why"]
         assert view["speedups"]["eager"] == 2.0
+
+
+def test_roofline_has_axis_values_and_labels_apart():
+    from kernelevolve.roofline import LABEL_GAP, MAX_LABELS, roofline_svg
+
+    prof = {"flops": 2e9, "bytes": 5e7, "peak_flops": 9.9e14, "peak_bw": 4.8e12, "ridge": 206.0}
+    points = [("eager", 1.0), ("torch.compile", 0.9), ("best (node 4)", 0.5)]
+    points += [(f"start kernel_with_a_long_name_{i}.py", 1.0 + i / 100) for i in range(10)]
+    svg = roofline_svg(prof, points)
+    ticks = re.findall(r'<text [^>]*>([0-9.]+[kMGTP]?)</text>', svg)
+    assert {"1T", "100T", "1"} <= set(ticks), ticks  # FLOP/s decades on y, intensity decades on x
+    labels = re.findall(r'<text x="[0-9.]+" y="([0-9.]+)">([^<]+): \d+%', svg)
+    assert len(labels) == MAX_LABELS and svg.count("<circle") == len(points)
+    assert labels[0][1] == "best (node 4)"  # the fastest first
+    rows = [float(y) for y, _ in labels]
+    assert all(b - a >= LABEL_GAP - 0.01 for a, b in zip(rows, rows[1:])), rows
+    assert all(len(name) <= 22 for _, name in labels)
