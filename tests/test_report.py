@@ -138,6 +138,36 @@ def test_without_a_head_to_head_a_winner_slower_than_torch_compile_is_not_the_an
         assert view["speedups"]["eager"] == 2.0
 
 
+def test_a_run_nothing_beat_says_best_py_is_the_reference_and_calls_no_node_best(tmp_path):
+    from kernelevolve.candidate import Candidate
+    from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
+    from kernelevolve.problem import load_problem
+    from kernelevolve.report import report_view
+    from kernelevolve.store import Store
+    from tests.factories import make_profile
+
+    problem = load_problem(Path(__file__).resolve().parents[1] / "examples" / "gelu_mlp.py", "cpu")
+    store = Store(tmp_path / "ke.db")
+    run = store.create_run(problem, "cpu", "cpu:test", {}, {})
+    store.update_run(run, baseline=Baseline("cpu", Timing.from_samples([1.0], "perf_counter"), None),
+                     profile=make_profile(flops=2e9, bytes=5e7, peak_flops=1e12, peak_bw=1e11, ridge=10.0))
+    node = store.add_node(run, problem.sha, "cpu:test", Candidate("x = 1\n", proposer="inductor"))
+    store.save_result(node.id, Result(Status.OK, "verified", timing=Timing.from_samples([1.1], "perf_counter"),
+                                      timed=True))
+    view = report_view(store, run)
+    assert view["best"]["node"] is None and view["best"]["reference"]
+    assert not any(label.startswith("best") for label, _ in view["roofline_points"])
+    assert (f"fastest candidate (node {node.id})", 1.1) in view["roofline_points"]
+    text = " ".join(re.sub(r"<[^>]+>", " ", render_report(view)).split())
+    assert "the reference is best.py: no candidate beat it" in text
+    assert "0.91x fastest candidate vs eager" in text and "best speedup" not in text and "best runtime" not in text
+
+
+def test_a_winning_node_keeps_its_best_cards():
+    text = " ".join(re.sub(r"<[^>]+>", " ", render_report(_full_view())).split())
+    assert "2.50x best speedup vs eager" in text and "is best.py" not in text
+
+
 def test_roofline_has_axis_values_and_labels_apart():
     from kernelevolve.roofline import LABEL_GAP, MAX_LABELS, roofline_svg
 
