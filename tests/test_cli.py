@@ -311,3 +311,19 @@ def test_runs_is_readable_at_the_terminal_width(tmp_path, monkeypatch, capsys, c
     text = " ".join(out.split())
     for said in ("gelu_mlp", "finished", "cuda:NVIDIA H100 80GB HBM3", "stalled: 10 evaluations without a new best"):
         assert said in text, said
+
+
+def test_cpu_default_proposers_favour_what_the_cpu_times(files):
+    from kernelevolve.cli import build_parser, cpu_note, optimize_config
+
+    args = build_parser().parse_args(["optimize", str(files["problem"]), "--max-evals", "6"])
+    cpu = optimize_config(args, "cpu")
+    assert cpu.proposers == ("inductor", "template") and cpu.proposer_options["template_max"] == 2
+    note = cpu_note(cpu)
+    assert "verified under Triton's interpreter but not timed" in note and "at most 2 of the 6 evaluations" in note
+    gpu = optimize_config(args, "cuda")
+    assert gpu.proposers == ("template", "inductor") and "template_max" not in gpu.proposer_options
+    named = build_parser().parse_args(["optimize", str(files["problem"]), "--proposer", "template,inductor"])
+    cfg = optimize_config(named, "cpu")
+    assert cfg.proposers == ("template", "inductor") and "template_max" not in cfg.proposer_options
+    assert "at most" not in cpu_note(cfg)

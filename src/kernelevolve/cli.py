@@ -55,6 +55,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     cfg = optimize_config(args, _device(args))
     console = _console()
+    if cfg.device == "cpu" and not args.resume:
+        console.print(cpu_note(cfg), markup=False, soft_wrap=True)
     if args.resume and args.start:
         console.print("note: --resume keeps the run's own start kernels; --start is for a new run", markup=False)
     store = Store(args.db)
@@ -98,6 +100,17 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     _print_usage(console, store, outcome.run_id)
     _print_outcome(console, outcome, args.db)
     return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
+
+
+def cpu_note(cfg: Any) -> str:
+    """One line on what a CPU run can show: what is timed there, and the template proposer's share."""
+    line = ("CPU run: Triton kernels (template, llm, manual and start candidates) are verified under Triton's "
+            "interpreter but not timed; only torch.compile (inductor) and plain torch candidates are timed and can "
+            "show a speedup")
+    cap = cfg.proposer_options.get("template_max")
+    if cap is not None and "template" in cfg.proposers:
+        line += f"; the template proposer gets at most {cap} of the {cfg.max_evals} evaluations"
+    return line
 
 
 def cmd_optimize_model(args: argparse.Namespace) -> int:
@@ -180,12 +193,15 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
     """The OptimizeConfig of the optimize flags (shared by optimize and submit), checked before any work is done:
     a bad proposer name, --executor ray without an address or a bad LLM setting raise a one-line error."""
     from kernelevolve.optimize import OptimizeConfig
-    from kernelevolve.propose import make_proposers
+    from kernelevolve.propose import default_proposers, make_proposers
 
-    cfg = OptimizeConfig(device=device, proposers=tuple(p for p in args.proposer.split(",") if p),
-                         max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
+    names, defaults = default_proposers(device, args.max_evals)
+    if args.proposer is not None:
+        names, defaults = tuple(p for p in args.proposer.split(",") if p), {}
+    cfg = OptimizeConfig(device=device, proposers=names, max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
                          stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
-                         timing_budget_ms=args.timing_budget_ms, proposer_options=_proposer_options(args),
+                         timing_budget_ms=args.timing_budget_ms,
+                         proposer_options={**_proposer_options(args), **defaults},
                          executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries,
                          screen_batch=args.screen_batch, finalists=args.finalists,
                          backup_agree=None if args.judge_all_finalists else OptimizeConfig.backup_agree,
@@ -688,10 +704,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 # --- service mode: submit / serve / jobs ----------------------------------------------------------------------------
 def cmd_submit(args: argparse.Namespace) -> int:
     from kernelevolve.problem import read_source
+    from kernelevolve.propose import DEFAULT_PROPOSERS
     from kernelevolve.service import submit
     from kernelevolve.store import Store
 
     read_source(args.problem)  # a missing or broken file fails before the store is touched
+    if args.device is None and args.proposer is None:  # the serving machine's device is not known yet: the stock pair
+        args.proposer = ",".join(DEFAULT_PROPOSERS["cuda"])
     config = dict(optimize_config(args, args.device or "cpu").to_dict(), device=args.device)  # None: the server's
     store = Store(args.db)
     print(submit(store, args.problem, config, args.out_root, args.out, args.priority))
@@ -813,10 +832,11 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     executor and language-model settings."""
     p.add_argument("problem", help="the problem file (KernelBench format: Model, get_inputs, get_init_inputs)")
     p.add_argument("--device", choices=["cpu", "cuda"], help=device_help)
-    p.add_argument("--proposer", default="template,inductor",
+    p.add_argument("--proposer",
                    help="comma-separated proposer names: template (the Triton template library), inductor "
                         "(torch.compile configurations), llm (a language model: --llm-model), manual (you answer "
-                        "the prompts: --manual-dir) (default: template,inductor)")
+                        "the prompts: --manual-dir) (default: template,inductor; on the CPU inductor,template, the "
+                        "template proposer's untimed candidates at most a quarter of --max-evals)")
     p.add_argument("--start", action="append", metavar="FILE", default=[],
                    help="your own kernel (a candidate file) to start from: judged first, then tuned (its autotune "
                         "configs, constexpr launch settings, num_warps/num_stages) and improved; repeatable")
