@@ -198,7 +198,8 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
     names, defaults = default_proposers(device, args.max_evals)
     if args.proposer is not None:
         names, defaults = tuple(p for p in args.proposer.split(",") if p), {}
-    cfg = OptimizeConfig(device=device, proposers=names, max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
+    cfg = OptimizeConfig(device=device, proposers=names,
+                         max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
                          stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
                          timing_budget_ms=args.timing_budget_ms,
                          proposer_options={**_proposer_options(args), **defaults},

@@ -356,7 +356,8 @@ def render_report(view: dict) -> str:
     problem, run = view.get("problem") or {}, view.get("run") or {}
     baseline = view.get("baseline") or {}
     title = f"{problem.get('name') or 'problem'}: run {run.get('id')}"
-    body = [_header(view), _summary(nodes, view.get("best")), _screen(view.get("screen")), _baseline(view.get("baseline")),
+    body = [_header(view), _summary(nodes, view.get("best")), _screen(view.get("screen")),
+            _baseline(view.get("baseline")),
             _llm(view.get("llm_usage"), run.get("config"), run.get("stop_reason")), _starts(view.get("starts")),
             _profile(view.get("profile")), roofline_svg(view.get("profile"), view.get("roofline_points") or []),
             counters_html((view.get("profile") or {}).get("counters")),

@@ -376,10 +376,10 @@ class Screener:
                    force_fresh: bool = False) -> _ChildEnd:
         """One child's share of the stage, in a child kept from an earlier batch or a fresh one (how it ended: see
         ``_Ended``; a failure is that of the candidate in ``current``, or of the process when ``current`` holds
-        None, with how many candidates the child has answered). A fresh child that reports itself unfit is the screen's own failure:
-        OSError, as for the parent's own side. With ``batch.keep``, a child that ends fit is kept for the next
-        batch. A kept child that dies on its first candidate of the batch may have died waiting: that candidate is
-        put back for a fresh child (``batch.fresh_only``), and blamed only there."""
+        None, with how many candidates the child has answered). A fresh child that reports itself unfit is the
+        screen's own failure: OSError, as for the parent's own side. With ``batch.keep``, a child that ends fit is
+        kept for the next batch. A kept child that dies on its first candidate of the batch may have died waiting:
+        that candidate is put back for a fresh child (``batch.fresh_only``), and blamed only there."""
         child = self._acquire(name, gpu) if batch.keep and not force_fresh else None
         fresh = child is None
         if child is None:
