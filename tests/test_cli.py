@@ -227,3 +227,103 @@ def test_show_gives_a_reason_the_width_the_terminal_has(tmp_path, monkeypatch, c
     assert main(["show", "latest", "--db", str(tmp_path / "ke.db")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert ("and the last words" in out) == whole and "8188 of 131072" in out
+
+
+def test_show_diff_labels_each_side_with_its_own_node(tmp_path, capsys):
+    from kernelevolve.candidate import Candidate
+    from kernelevolve.cli import main
+    from kernelevolve.evaluate.result import Result, Status
+    from kernelevolve.problem import load_problem
+
+    problem = load_problem(Path(__file__).resolve().parents[1] / "examples" / "gelu_mlp.py", "cpu")
+    store = Store(tmp_path / "ke.db")
+    run = store.create_run(problem, "cpu", "cpu:test", {}, {})
+    parent = store.add_node(run, problem.sha, "cpu:test", Candidate("x = 1\n", proposer="manual"))
+    child = store.add_node(run, problem.sha, "cpu:test", Candidate("x = 2\n", proposer="manual", parent=parent.id))
+    for n in (parent, child):
+        store.save_result(n.id, Result(Status.INCORRECT, "wrong"))
+    store.close()
+    assert main(["show", "latest", "--db", str(tmp_path / "ke.db"), "--diff", str(child.id)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [f"--- node {parent.id}", f"+++ node {child.id}"] and "-x = 1" in lines and "+x = 2" in lines
+
+
+def _subparsers():
+    import argparse
+
+    from kernelevolve.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+@pytest.mark.parametrize("command", sorted(_subparsers()))
+def test_every_argument_has_help(command):
+    missing = [a.option_strings or a.dest for a in _subparsers()[command]._actions if not a.help]
+    assert not missing, missing
+
+
+def test_optimize_help_gives_defaults_and_exit_codes(capsys):
+    from kernelevolve.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    out = capsys.readouterr().out
+    text = " ".join(out.split())
+    for said in ("the problem file", "(default: 20)", "(default: kernelevolve.db)", "(default: kernelevolve-out)",
+                 "exit codes: 0 a candidate was verified", "1 no candidate was verified", "2 a usage error",
+                 "130 interrupted"):
+        assert said in text, said
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert text.count("(default: template,inductor)") <= 1  # said once, where the help already says it
+    assert max(map(len, out[out.index("exit codes:"):].splitlines())) <= 79
+
+
+@pytest.mark.parametrize("argv", [["--debug", "runs"], ["runs", "--debug"]])
+def test_debug_goes_before_or_after_the_subcommand(argv):
+    from kernelevolve.cli import build_parser
+
+    assert build_parser().parse_args(argv).debug is True
+    assert build_parser().parse_args(argv[1:] if argv[0] == "--debug" else argv[:1]).debug is False
+
+
+def test_debug_after_the_subcommand_shows_traceback(files):
+    p = ke("inspect", files["bad:forward_raises"], "--debug", cwd=files["dir"])
+    assert p.returncode == 2
+    assert "Traceback" in p.stderr and "forward exploded" in p.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 250])
+def test_runs_is_readable_at_the_terminal_width(tmp_path, monkeypatch, capsys, columns):
+    from kernelevolve.cli import main
+    from kernelevolve.problem import load_problem
+
+    problem = load_problem(Path(__file__).resolve().parents[1] / "examples" / "gelu_mlp.py", "cpu")
+    store = Store(tmp_path / "ke.db")
+    for _ in range(2):
+        run = store.create_run(problem, "cuda", "cuda:NVIDIA H100 80GB HBM3", {}, {})
+        store.update_run(run, status="finished", stop_reason="stalled: 10 evaluations without a new best")
+    store.close()
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["runs", "--db", str(tmp_path / "ke.db")]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= columns and "…" not in out  # nothing cut
+    text = " ".join(out.split())
+    for said in ("gelu_mlp", "finished", "cuda:NVIDIA H100 80GB HBM3", "stalled: 10 evaluations without a new best"):
+        assert said in text, said
+
+
+def test_cpu_default_proposers_favour_what_the_cpu_times(files):
+    from kernelevolve.cli import build_parser, cpu_note, optimize_config
+
+    args = build_parser().parse_args(["optimize", str(files["problem"]), "--max-evals", "6"])
+    cpu = optimize_config(args, "cpu")
+    assert cpu.proposers == ("inductor", "template") and cpu.proposer_options["template_max"] == 2
+    note = cpu_note(cpu)
+    assert "verified under Triton's interpreter but not timed" in note and "at most 2 of the 6 evaluations" in note
+    gpu = optimize_config(args, "cuda")
+    assert gpu.proposers == ("template", "inductor") and "template_max" not in gpu.proposer_options
+    named = build_parser().parse_args(["optimize", str(files["problem"]), "--proposer", "template,inductor"])
+    cfg = optimize_config(named, "cpu")
+    assert cfg.proposers == ("template", "inductor") and "template_max" not in cfg.proposer_options
+    assert "at most" not in cpu_note(cfg)

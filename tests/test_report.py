@@ -136,3 +136,50 @@ def test_without_a_head_to_head_a_winner_slower_than_torch_compile_is_not_the_an
         view = _best_view(node, "fastest timed candidate", base, "class Model: ...", h2h=h2h)
         assert view["baseline"] == "compiled" and "no candidate beat torch.compile" in view["why"]
         assert view["speedups"]["eager"] == 2.0
+
+
+def test_a_run_nothing_beat_says_best_py_is_the_reference_and_calls_no_node_best(tmp_path):
+    from kernelevolve.candidate import Candidate
+    from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
+    from kernelevolve.problem import load_problem
+    from kernelevolve.report import report_view
+    from kernelevolve.store import Store
+    from tests.factories import make_profile
+
+    problem = load_problem(Path(__file__).resolve().parents[1] / "examples" / "gelu_mlp.py", "cpu")
+    store = Store(tmp_path / "ke.db")
+    run = store.create_run(problem, "cpu", "cpu:test", {}, {})
+    store.update_run(run, baseline=Baseline("cpu", Timing.from_samples([1.0], "perf_counter"), None),
+                     profile=make_profile(flops=2e9, bytes=5e7, peak_flops=1e12, peak_bw=1e11, ridge=10.0))
+    node = store.add_node(run, problem.sha, "cpu:test", Candidate("x = 1\n", proposer="inductor"))
+    store.save_result(node.id, Result(Status.OK, "verified", timing=Timing.from_samples([1.1], "perf_counter"),
+                                      timed=True))
+    view = report_view(store, run)
+    assert view["best"]["node"] is None and view["best"]["reference"]
+    assert not any(label.startswith("best") for label, _ in view["roofline_points"])
+    assert (f"fastest candidate (node {node.id})", 1.1) in view["roofline_points"]
+    text = " ".join(re.sub(r"<[^>]+>", " ", render_report(view)).split())
+    assert "the reference is best.py: no candidate beat it" in text
+    assert "0.91x fastest candidate vs eager" in text and "best speedup" not in text and "best runtime" not in text
+
+
+def test_a_winning_node_keeps_its_best_cards():
+    text = " ".join(re.sub(r"<[^>]+>", " ", render_report(_full_view())).split())
+    assert "2.50x best speedup vs eager" in text and "is best.py" not in text
+
+
+def test_roofline_has_axis_values_and_labels_apart():
+    from kernelevolve.roofline import LABEL_GAP, MAX_LABELS, roofline_svg
+
+    prof = {"flops": 2e9, "bytes": 5e7, "peak_flops": 9.9e14, "peak_bw": 4.8e12, "ridge": 206.0}
+    points = [("eager", 1.0), ("torch.compile", 0.9), ("best (node 4)", 0.5)]
+    points += [(f"start kernel_with_a_long_name_{i}.py", 1.0 + i / 100) for i in range(10)]
+    svg = roofline_svg(prof, points)
+    ticks = re.findall(r'<text [^>]*>([0-9.]+[kMGTP]?)</text>', svg)
+    assert {"1T", "100T", "1"} <= set(ticks), ticks  # FLOP/s decades on y, intensity decades on x
+    labels = re.findall(r'<text x="[0-9.]+" y="([0-9.]+)">([^<]+): \d+%', svg)
+    assert len(labels) == MAX_LABELS and svg.count("<circle") == len(points)
+    assert labels[0][1] == "best (node 4)"  # the fastest first
+    rows = [float(y) for y, _ in labels]
+    assert all(b - a >= LABEL_GAP - 0.01 for a, b in zip(rows, rows[1:])), rows
+    assert all(len(name) <= 22 for _, name in labels)

@@ -1,7 +1,9 @@
 """Candidate: one self-contained ModelNew source file, with where it came from."""
 from __future__ import annotations
 
+import difflib
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -75,3 +77,49 @@ class Candidate:
     @property
     def sha(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+COMPILED_TEMPLATE = '''"""Candidate from kernelevolve's inductor proposer: torch.compile of the reference ({label}).
+
+Inductor options: {options_json}
+"""
+import torch
+
+# ---- the reference, verbatim from the problem file ------------------------------------------------------------
+{problem_source}
+# ---- end of reference -----------------------------------------------------------------------------------------
+
+COMPILE_OPTIONS = {options_repr}
+
+
+class ModelNew(Model):
+    """The reference's forward under torch.compile; same constructor and state_dict as Model."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._compiled = torch.compile(super().forward, options=COMPILE_OPTIONS or None, dynamic=False)
+
+    def forward(self, *args):
+        return self._compiled(*args)
+'''
+
+
+def options_key(options: dict[str, Any]) -> str:
+    """Inductor options as one canonical string: equal options, equal keys."""
+    return json.dumps(options, sort_keys=True)
+
+
+def compiled_source(problem_source: str, options: dict[str, Any], label: str) -> str:
+    """A candidate file that runs the reference's forward under torch.compile with these Inductor options (the
+    inductor proposer's candidates, and torch.compile's own kernel where a run answers with that baseline)."""
+    return COMPILED_TEMPLATE.format(label=label, options_json=options_key(options),
+                                    problem_source=problem_source.rstrip(),
+                                    options_repr=repr(dict(sorted(options.items()))))
+
+
+def diff_text(start: str, variant: str, name: str = "start", labels: tuple[str, str] | None = None) -> str:
+    """The variant against its start file, as a unified diff; ``labels`` name the two sides (default: the start
+    file's ``name``, as start and variant)."""
+    old, new = labels or (f"{name} (start)", f"{name} (variant)")
+    return "".join(difflib.unified_diff(start.splitlines(keepends=True), variant.splitlines(keepends=True), old, new,
+                                        n=1))

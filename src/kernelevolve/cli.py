@@ -55,6 +55,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     cfg = optimize_config(args, _device(args))
     console = _console()
+    if cfg.device == "cpu" and not args.resume:
+        console.print(cpu_note(cfg), markup=False, soft_wrap=True)
     if args.resume and args.start:
         console.print("note: --resume keeps the run's own start kernels; --start is for a new run", markup=False)
     store = Store(args.db)
@@ -98,6 +100,17 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     _print_usage(console, store, outcome.run_id)
     _print_outcome(console, outcome, args.db)
     return EXIT_OK if outcome.best_result is not None else EXIT_FAIL
+
+
+def cpu_note(cfg: Any) -> str:
+    """One line on what a CPU run can show: what is timed there, and the template proposer's share."""
+    line = ("CPU run: Triton kernels (template, llm, manual and start candidates) are verified under Triton's "
+            "interpreter but not timed; only torch.compile (inductor) and plain torch candidates are timed and can "
+            "show a speedup")
+    cap = cfg.proposer_options.get("template_max")
+    if cap is not None and "template" in cfg.proposers:
+        line += f"; the template proposer gets at most {cap} of the {cfg.max_evals} evaluations"
+    return line
 
 
 def cmd_optimize_model(args: argparse.Namespace) -> int:
@@ -180,12 +193,16 @@ def optimize_config(args: argparse.Namespace, device: str) -> Any:
     """The OptimizeConfig of the optimize flags (shared by optimize and submit), checked before any work is done:
     a bad proposer name, --executor ray without an address or a bad LLM setting raise a one-line error."""
     from kernelevolve.optimize import OptimizeConfig
-    from kernelevolve.propose import make_proposers
+    from kernelevolve.propose import default_proposers, make_proposers
 
-    cfg = OptimizeConfig(device=device, proposers=tuple(p for p in args.proposer.split(",") if p),
+    names, defaults = default_proposers(device, args.max_evals)
+    if args.proposer is not None:
+        names, defaults = tuple(p for p in args.proposer.split(",") if p), {}
+    cfg = OptimizeConfig(device=device, proposers=names,
                          max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
                          stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
-                         timing_budget_ms=args.timing_budget_ms, proposer_options=_proposer_options(args),
+                         timing_budget_ms=args.timing_budget_ms,
+                         proposer_options={**_proposer_options(args), **defaults},
                          executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries,
                          screen_batch=args.screen_batch, finalists=args.finalists,
                          backup_agree=None if args.judge_all_finalists else OptimizeConfig.backup_agree,
@@ -557,6 +574,7 @@ def _render_plan(problem, device: str) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from rich.measure import Measurement
     from rich.table import Table
 
     from kernelevolve.store import Store
@@ -572,8 +590,35 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for r in runs:
         table.add_row(str(r.id), r.name, r.device_key, r.status, str(r.n_nodes), str(r.screened), str(r.evaluated),
                       r.created, r.stop_reason or "")
-    _console().print(table)
+    console = _console()
+    if Measurement.get(console, console.options.update_width(10_000), table).maximum > console.width:
+        print(_compact_runs(runs, console.width))
+        return EXIT_OK
+    console.print(table)
     return EXIT_OK
+
+
+def _compact_runs(runs: list[Any], width: int) -> str:
+    """The run listing for a narrow terminal: one line of short columns per run (the creation time to the minute),
+    then its device and the reason it stopped, indented and wrapped to ``width``."""
+    import textwrap
+
+    head = ("run", "problem", "status", "nodes", "scr.", "judged", "created (UTC)")
+    rows = [(str(r.id), r.name, r.status, str(r.n_nodes), str(r.screened), str(r.evaluated),
+             r.created[5:16].replace("T", " ")) for r in runs]
+    widths = [max(len(c) for c in col) for col in zip(head, *rows)]
+    right = {0, 3, 4, 5}  # counts align right
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [line(head).rstrip()]
+    indent = " " * (widths[0] + 2)
+    for r, cells in zip(runs, rows):
+        out.append(line(cells).rstrip())
+        rest = r.device_key + (f"; stopped: {r.stop_reason}" if r.stop_reason else "")
+        out += textwrap.wrap(rest, max(width, 40), initial_indent=indent, subsequent_indent=indent)
+    return "\n".join(out)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -627,7 +672,7 @@ def _node_clocks(n: dict[str, Any]) -> str:
 
 
 def _show_diff(store: Any, run_ref: str, node_id: int) -> int:
-    from kernelevolve.propose.start import diff_text
+    from kernelevolve.candidate import diff_text
     from kernelevolve.report import start_of
 
     history = store.nodes(store.run(run_ref).id)
@@ -639,8 +684,9 @@ def _show_diff(store: Any, run_ref: str, node_id: int) -> int:
         (n for n in history if n.id == node.parent), None)
     if base is None:
         raise UsageError(f"node {node_id} has no start kernel or parent to compare with")
-    name = base.meta.get("start") or f"node {base.id}"
-    print(diff_text(base.source, node.source, name) or f"node {node_id} is identical to {name}", end="")
+    old = f"{base.meta['start']} (start), node {base.id}" if base.meta.get("start") else f"node {base.id}"
+    print(diff_text(base.source, node.source, labels=(old, f"node {node.id}"))
+          or f"node {node_id} is identical to {old}\n", end="")
     return EXIT_OK
 
 
@@ -659,10 +705,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 # --- service mode: submit / serve / jobs ----------------------------------------------------------------------------
 def cmd_submit(args: argparse.Namespace) -> int:
     from kernelevolve.problem import read_source
+    from kernelevolve.propose import DEFAULT_PROPOSERS
     from kernelevolve.service import submit
     from kernelevolve.store import Store
 
     read_source(args.problem)  # a missing or broken file fails before the store is touched
+    if args.device is None and args.proposer is None:  # the serving machine's device is not known yet: the stock pair
+        args.proposer = ",".join(DEFAULT_PROPOSERS["cuda"])
     config = dict(optimize_config(args, args.device or "cpu").to_dict(), device=args.device)  # None: the server's
     store = Store(args.db)
     print(submit(store, args.problem, config, args.out_root, args.out, args.priority))
@@ -747,19 +796,53 @@ def _print_jobs(jobs: list[dict[str, Any]], as_json: bool) -> None:
 
 
 # --- parser ---------------------------------------------------------------------------------------------------------
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's default after its help, where it has one worth showing and the help does not already say it;
+    epilogs as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "(default" in text or default is None or default is False or default == [] or default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+OPTIMIZE_EXIT_CODES = """exit codes:
+  0    a candidate was verified. best.py is the best answer: the reference
+       itself (or torch.compile's kernel) where no candidate beat it, as the
+       last lines say
+  1    no candidate was verified; best.py is the reference itself
+  2    a usage error, a bad problem file, or a start kernel (--start) that
+       failed the judge
+  130  interrupted; every finished evaluation is stored (--resume latest)"""
+
+CHECK_EXIT_CODES = """exit codes:
+  0    the candidate is verified (ok)
+  1    any other status (incorrect, compile_error, runtime_error, timeout,
+       crashed, rejected)
+  2    a usage error or a bad problem file"""
+
+
+def add_db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=DEFAULT_DB, help="the SQLite store of runs and their search trees")
+
+
 def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: cuda when available, else cpu") -> None:
     """The flags of optimize that define a search (also those of submit): the problem, device, proposers, budgets,
     executor and language-model settings."""
-    p.add_argument("problem")
+    p.add_argument("problem", help="the problem file (KernelBench format: Model, get_inputs, get_init_inputs)")
     p.add_argument("--device", choices=["cpu", "cuda"], help=device_help)
-    p.add_argument("--proposer", default="template,inductor",
+    p.add_argument("--proposer",
                    help="comma-separated proposer names: template (the Triton template library), inductor "
                         "(torch.compile configurations), llm (a language model: --llm-model), manual (you answer "
-                        "the prompts: --manual-dir) (default: template,inductor)")
+                        "the prompts: --manual-dir) (default: template,inductor; on the CPU inductor,template, the "
+                        "template proposer's untimed candidates at most a quarter of --max-evals)")
     p.add_argument("--start", action="append", metavar="FILE", default=[],
                    help="your own kernel (a candidate file) to start from: judged first, then tuned (its autotune "
                         "configs, constexpr launch settings, num_warps/num_stages) and improved; repeatable")
-    p.add_argument("--max-evals", type=int, default=20)
+    p.add_argument("--max-evals", type=int, default=20,
+                   help="candidates judged at most (those the screen only ranks do not count)")
     p.add_argument("--time-budget", type=float, help="seconds of search, counted from the first proposal")
     p.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")
     p.add_argument("--stall", type=int, default=10, help="stop after this many evaluations without a new best (0: never)")
@@ -769,7 +852,7 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
                    help="where evaluations run: worker processes here, or Ray tasks on a cluster")
     p.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (host:port, ray://host:port or 'auto')")
     p.add_argument("--ray-retries", type=int, default=2, help="retries of an evaluation lost with its Ray worker or node")
-    p.add_argument("--db", default=DEFAULT_DB)
+    add_db_arg(p)
     p.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")
     p.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time per candidate")
     p.add_argument("--timing", choices=["call", "graph"], default="call",
@@ -801,7 +884,8 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     g = p.add_argument_group("language models (--proposer llm) and prompts (llm, manual)")
     g.add_argument("--llm-model", metavar="NAME[=W],...", help="model names, with optional sampling weights")
     g.add_argument("--llm-base-url", metavar="URL", help="an OpenAI-compatible server (vLLM, SGLang, Ollama, ...)")
-    g.add_argument("--llm-provider", choices=["openai", "anthropic"], default="openai")
+    g.add_argument("--llm-provider", choices=["openai", "anthropic"], default="openai",
+                   help="the SDK that --llm-model's models are called through")
     g.add_argument("--llm-key-env", metavar="VAR", help="the environment variable holding the API key "
                    "(default: the SDK's own, OPENAI_API_KEY or ANTHROPIC_API_KEY)")
     g.add_argument("--llm-config", metavar="FILE", help="a JSON file of models and settings (mixes providers)")
@@ -826,13 +910,14 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernelevolve", description="Find faster, verified kernels for PyTorch operators.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    p = argparse.ArgumentParser(prog="kernelevolve", description="Find faster, verified kernels for PyTorch operators.",
+                                formatter_class=HelpFormatter)
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
-    o = sub.add_parser("optimize", help="search for a faster verified kernel")
+    o = sub.add_parser("optimize", help="search for a faster verified kernel", epilog=OPTIMIZE_EXIT_CODES)
     add_optimize_args(o)
-    o.add_argument("--out", default="kernelevolve-out")
+    o.add_argument("--out", default="kernelevolve-out", help="where best.py, report.html and the run's work files go")
     o.add_argument("--resume", metavar="RUN", help="continue run RUN (an id or 'latest') from the store")
     o.set_defaults(func=cmd_optimize)
 
@@ -852,12 +937,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "kept (default: both on a GPU, eager on the CPU)")
     m.set_defaults(func=cmd_optimize_model)
 
-    c = sub.add_parser("check", help="verify and time one candidate file")
-    c.add_argument("problem")
-    c.add_argument("candidate")
-    c.add_argument("--device", choices=["cpu", "cuda"])
-    c.add_argument("--timeout", type=float, default=600.0)
-    c.add_argument("--timing-budget-ms", type=float, default=1000.0)
+    c = sub.add_parser("check", help="verify and time one candidate file", epilog=CHECK_EXIT_CODES)
+    c.add_argument("problem", help="the problem file")
+    c.add_argument("candidate", help="the candidate file (a ModelNew)")
+    c.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
+    c.add_argument("--timeout", type=float, default=600.0, help="hard limit, seconds")
+    c.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time")
     c.add_argument("--timing", choices=["call", "graph"], default="call", help="the clock runtime_ms is read on")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--no-baseline", action="store_true", help="skip timing the reference (no speedups)")
@@ -865,8 +950,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
 
     i = sub.add_parser("inspect", help="print the profile of a problem")
-    i.add_argument("problem")
-    i.add_argument("--device", choices=["cpu", "cuda"])
+    i.add_argument("problem", help="the problem file")
+    i.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
     i.add_argument("--measure", action="store_true", help="measure the device's ceilings instead of reading them")
     i.add_argument("--ncu", action="store_true", help="read each kernel's hardware counters with Nsight Compute "
                    "and name its bound (CUDA; one line says why where it cannot)")
@@ -874,16 +959,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_inspect)
 
     q = sub.add_parser("prompt", help="print the prompt a language model would get next (no model is called)")
-    q.add_argument("problem")
-    q.add_argument("--device", choices=["cpu", "cuda"])
+    q.add_argument("problem", help="the problem file")
+    q.add_argument("--device", choices=["cpu", "cuda"], help="default: the run's, else cuda when available, else cpu")
     q.add_argument("--run", help="build it from this stored run's tree (an id or 'latest'), as its next step would")
-    q.add_argument("--db", default=DEFAULT_DB)
+    add_db_arg(q)
     q.add_argument("--no-profile", action="store_true", help="skip profiling the reference (without --run)")
     q.add_argument("--device-name", metavar="NAME", help="the device the facts are for, without a profile "
                    "(e.g. 'NVIDIA H200'); default: the profile's device")
     q.add_argument("--knowledge", action="append", metavar="DIR", help="a folder of your own notes; repeatable")
     q.add_argument("--prompts", metavar="DIR", help="prompt templates that replace the built-in ones by file name")
-    q.add_argument("--prompt-tokens", type=int, default=12000)
+    q.add_argument("--prompt-tokens", type=int, default=12000, help="prompt budget; low-priority sections go first")
     q.add_argument("--seed", type=int, default=0, help="seeds the choice of step")
     q.add_argument("--proposer", choices=["llm", "manual"], default="llm", help="whose step, with --run")
     q.set_defaults(func=cmd_prompt)
@@ -893,14 +978,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--candidate", type=int, help="a node id of the run (default: its best verified node)")
     a.add_argument("--note", required=True, help="what was reviewed, and why it may ship")
     a.add_argument("--by", help="who approves (default: the current user)")
-    a.add_argument("--db", default=DEFAULT_DB)
+    add_db_arg(a)
     a.set_defaults(func=cmd_approve)
 
     x = sub.add_parser("export", help="write an approved kernel as a standalone, shape-guarded custom-op module")
     x.add_argument("run", help="run id or 'latest'")
     x.add_argument("--candidate", type=int, help="a node id of the run (default: its best verified node)")
     x.add_argument("--out", required=True, help="the module to write (FILE.py); test_FILE.py is written beside it")
-    x.add_argument("--db", default=DEFAULT_DB)
+    add_db_arg(x)
     x.add_argument("--auto-approve", action="store_true", help="approve it now (unattended pipelines)")
     x.add_argument("--device", choices=["cpu", "cuda"], help="where to verify the shapes (default: the run's)")
     x.add_argument("--dispatch", choices=["wins", "verified"], default="wins",
@@ -913,21 +998,21 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_export)
 
     r = sub.add_parser("runs", help="list runs in the store")
-    r.add_argument("--db", default=DEFAULT_DB)
+    add_db_arg(r)
     r.add_argument("--json", action="store_true", help="one JSON list, with each run's screened and evaluated counts")
     r.set_defaults(func=cmd_runs)
 
     s = sub.add_parser("show", help="print a run's search tree")
     s.add_argument("run", help="run id or 'latest'")
-    s.add_argument("--db", default=DEFAULT_DB)
+    add_db_arg(s)
     s.add_argument("--diff", type=int, metavar="NODE", help="print node NODE's source as a diff against the start "
                    "kernel it tunes (or against its parent)")
     s.set_defaults(func=cmd_show)
 
     w = sub.add_parser("report", help="write best.py and report.html for a run")
     w.add_argument("run", help="run id or 'latest'")
-    w.add_argument("--db", default=DEFAULT_DB)
-    w.add_argument("--out", default="kernelevolve-out")
+    add_db_arg(w)
+    w.add_argument("--out", default="kernelevolve-out", help="where best.py and report.html go")
     w.set_defaults(func=cmd_report)
 
     sm = sub.add_parser("submit", help="queue an optimization job for `kernelevolve serve`; prints its id")
@@ -938,7 +1023,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm.set_defaults(func=cmd_submit)
 
     sv = sub.add_parser("serve", help="run queued jobs until interrupted (several servers may share one queue)")
-    sv.add_argument("--db", default=DEFAULT_DB)
+    add_db_arg(sv)
     sv.add_argument("--once", action="store_true", help="exit once no job is left to claim")
     sv.add_argument("--poll", type=float, default=5.0, help="seconds between looks at an empty queue")
     sv.add_argument("--max-jobs", type=int, help="exit after running this many jobs")
@@ -948,9 +1033,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
 
     jb = sub.add_parser("jobs", help="list the job queue, or cancel or re-queue jobs")
-    jb.add_argument("--db", default=DEFAULT_DB)
+    add_db_arg(jb)
     jb.add_argument("--json", action="store_true", help="print one JSON list")
-    jb.add_argument("--status", choices=["queued", "running", "finished", "failed", "cancelled"])
+    jb.add_argument("--status", choices=["queued", "running", "finished", "failed", "cancelled"],
+                    help="only the jobs in this state")
     act = jb.add_mutually_exclusive_group()
     act.add_argument("--cancel", metavar="ID", help="cancel a queued job")
     act.add_argument("--requeue", metavar="ID", help="queue job ID again (a new job, whatever ID's state)")
@@ -959,7 +1045,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "with other torch or triton versions than this machine's (once per job)")
     jb.add_argument("--device", choices=["cpu", "cuda"], help="with --requeue-stale: judge only runs on this device")
     jb.set_defaults(func=cmd_jobs)
+    for sp in sub.choices.values():
+        sp.formatter_class = HelpFormatter
+        # SUPPRESS: given after the subcommand it sets debug; absent there, it leaves the value given before it
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return p
+
+
+DEBUG_HELP = "show tracebacks and debug logs (before or after the subcommand)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,7 +29,7 @@ import torch
 from kernelevolve.candidate import Candidate
 from kernelevolve.frames import fill
 from kernelevolve.problem import Problem, build_model, import_module_from_path, load_problem, make_inputs
-from kernelevolve.rows import Approval, Node, Run
+from kernelevolve.rows import Approval, Node, Run, best_node
 from kernelevolve.store import Store
 
 WIN, TIE = 1.05, 0.95  # speedup over eager above which a shape wins, below which it loses
@@ -98,9 +98,9 @@ def _verdict(result: Any) -> str:
 def verify_shapes(problem: Problem, source: str, device: str, workdir: Path, timeout_s: float = 600.0,
                   timing_budget_ms: float = 300.0, on_case=lambda case, row: None) -> list[dict[str, Any]]:
     """The candidate judged and timed by the harness on every shape case, each against its own eager baseline."""
-    from kernelevolve.optimize import OptimizeConfig, make_evaluator
+    from kernelevolve.evaluate import EvalConfig, Evaluator, TimingConfig
 
-    cfg = OptimizeConfig(device=device, timeout_s=timeout_s, timing_budget_ms=timing_budget_ms)
+    cfg = EvalConfig(device=device, timeout_s=timeout_s, timing=TimingConfig(budget_ms=timing_budget_ms))
     rows = []
     for case in shape_cases(problem, workdir / "shapes"):
         row: dict[str, Any] = {"label": case.label}
@@ -108,7 +108,7 @@ def verify_shapes(problem: Problem, source: str, device: str, workdir: Path, tim
             p = load_problem(case.path, device)
             module = import_module_from_path(case.path, f"_ke_case_{p.short_sha}_{case.shape_index}")
             row["inputs"] = shape_key(make_inputs(module, 0, case.shape_index))
-            evaluator = make_evaluator(p, cfg, workdir / "eval" / re.sub(r"\W+", "_", case.label))
+            evaluator = Evaluator(p, cfg, workdir / "eval" / re.sub(r"\W+", "_", case.label))
             result = evaluator.evaluate(Candidate(source)).with_baseline(evaluator.baseline(compiled=False))
             row.update(verdict=_verdict(result), status=result.status.value, reason=result.reason,
                        speedup=result.speedup_eager, runtime_ms=result.runtime_ms)
@@ -125,8 +125,6 @@ def verify_shapes(problem: Problem, source: str, device: str, workdir: Path, tim
 def resolve(store: Store, run: str | int, candidate: int | None) -> Node:
     """The node to export: ``candidate`` (a node id of the run), or the run's best verified node where the run
     answered with it (not where its head-to-head found it no faster than a baseline)."""
-    from kernelevolve.search import best_node
-
     run_id = store.run(run).id
     nodes = store.nodes(run_id)
     if candidate is not None:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate, Meta
 from kernelevolve.engine import make_pool
-from kernelevolve.evaluate import Baseline, EvalConfig, Evaluator, Result, TimingConfig
+from kernelevolve.evaluate import Baseline, Result, make_evaluator
 from kernelevolve.evaluate.headtohead import BASELINES, LABELS, HeadToHead
 from kernelevolve.evaluate.screen import ScreenConfig
 from kernelevolve.problem import Problem, ProblemError, load_problem
@@ -110,12 +110,6 @@ class RunOutcome:
     phases: dict[str, float] = field(default_factory=dict)  # seconds: profile, baseline, search
     starts: list[Node] = field(default_factory=list)  # the start kernels, judged
     head_to_head: HeadToHead | None = None  # the winner against the baselines: the speedups the run reports
-
-
-def make_evaluator(problem: Problem, cfg: OptimizeConfig, workdir: Path | None = None) -> Evaluator:
-    timing = TimingConfig(budget_ms=cfg.timing_budget_ms, clock=cfg.timing)
-    return Evaluator(problem, EvalConfig(device=cfg.device, timeout_s=cfg.timeout_s, trials=cfg.trials, timing=timing),
-                     workdir)
 
 
 def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_dir: Path, resume: int | str | None = None,
@@ -319,4 +313,4 @@ def _profile(problem: Problem, device: str) -> Profile | None:
         return None
 
 
-__all__ = ["OptimizeConfig", "RunOutcome", "StartError", "StoreError", "optimize"]
+__all__ = ["OptimizeConfig", "RunOutcome", "StartError", "StoreError", "make_evaluator", "optimize"]

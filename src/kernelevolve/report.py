@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kernelevolve.evaluate.headtohead import COMPILE_OPTIONS, LABELS, HeadToHead
+from kernelevolve.candidate import compiled_source, diff_text
 from kernelevolve.evaluate.result import Baseline, Result
 from kernelevolve.roofline import counters_html, roofline_svg
-from kernelevolve.rows import Node
-from kernelevolve.search.select import best_node
+from kernelevolve.rows import Node, best_node
+from kernelevolve.spend import SpendLimits
 from kernelevolve.store import Store
 
 NONE = "—"
@@ -118,14 +119,23 @@ def _card(value: str, label: str) -> str:
     return f'<div class="card"><b>{value}</b><span>{_e(label)}</span></div>'
 
 
-def _summary(nodes: list[dict]) -> str:
+def _summary(nodes: list[dict], best: dict | None = None) -> str:
+    """The cards at the top: what best.py is where it is no candidate, then the candidates' best figures (those of
+    the fastest candidate, not the best, where best.py is a baseline)."""
     timed = _timed_ok(nodes)
     eager = [n["speedup_eager"] for n in timed if n.get("speedup_eager") is not None]
     comp = [n["speedup_compile"] for n in timed if n.get("speedup_compile") is not None]
-    cards = [_card(_x(max(eager, default=None)), "best speedup vs eager"),
-             _card(_x(max(comp, default=None)), "best speedup vs torch.compile"),
-             _card(_num(min((n["runtime_ms"] for n in timed), default=None), suffix=" ms"), "best runtime"),
-             _card(str(len(nodes)), "candidates")]
+    cards = []
+    lead, runtime = "best speedup", "best runtime"
+    if best and best.get("node") is None:
+        side = LABELS.get(best.get("baseline") or "", "a baseline")
+        answer = "the reference" if best.get("reference") else f"{side}'s kernel"
+        cards.append(_card(_e(answer), "is best.py: no candidate beat it" if timed else "is best.py"))
+        lead, runtime = "fastest candidate", "runtime of the fastest candidate"
+    cards += [_card(_x(max(eager, default=None)), f"{lead} vs eager"),
+              _card(_x(max(comp, default=None)), f"{lead} vs torch.compile"),
+              _card(_num(min((n["runtime_ms"] for n in timed), default=None), suffix=" ms"), runtime),
+              _card(str(len(nodes)), "candidates")]
     untimed = sum(1 for n in nodes if n.get("status") == "ok" and not n.get("timed"))
     if untimed:
         cards.append(_card(str(untimed), "ok but untimed"))
@@ -194,8 +204,6 @@ def _llm(usage: dict | None, config: dict | None = None, stop_reason: str | None
              str(u["errors"]), str(u["input_tokens"]), str(u["output_tokens"]),
              "—" if u["cost_usd"] is None else f"${u['cost_usd']:.4f}"]
             for name, u in [*usage["by_model"].items(), ("all", usage)]]
-    from kernelevolve.propose.llm import SpendLimits
-
     lim = SpendLimits.from_options((config or {}).get("proposer_options") or {})
     budget = [("budget: calls", str(lim.calls or "no limit")), ("budget: tokens", str(lim.tokens or "no limit")),
               ("budget: cost", _num(lim.cost_usd, "g", " USD") if lim.cost_usd else "no limit")]
@@ -263,7 +271,7 @@ def _chart(nodes: list[dict], eager_ms: float | None, width: int = 760, height: 
         tip = f"node {n['id']}: {n['runtime_ms']:.4g} ms, {_x(n.get('speedup_eager'))} vs eager"
         parts.append(f'<a href="#node-{n["id"]}"><circle cx="{sx(n["id"]):.1f}" cy="{sy(n["runtime_ms"]):.1f}" '
                      f'r="4" fill="#0969da" fill-opacity="0.6"><title>{_e(tip)}</title></circle></a>')
-    legend = '<p class="meta">dots: timed ok candidates; line: running best; dashed: eager baseline</p>'
+    legend = '<p class="meta">dots: timed ok candidates; line: the fastest candidate so far; dashed: eager baseline</p>'
     return "<h2>Progress</h2>" + "".join(parts) + "</svg>" + legend
 
 
@@ -348,7 +356,8 @@ def render_report(view: dict) -> str:
     problem, run = view.get("problem") or {}, view.get("run") or {}
     baseline = view.get("baseline") or {}
     title = f"{problem.get('name') or 'problem'}: run {run.get('id')}"
-    body = [_header(view), _summary(nodes), _screen(view.get("screen")), _baseline(view.get("baseline")),
+    body = [_header(view), _summary(nodes, view.get("best")), _screen(view.get("screen")),
+            _baseline(view.get("baseline")),
             _llm(view.get("llm_usage"), run.get("config"), run.get("stop_reason")), _starts(view.get("starts")),
             _profile(view.get("profile")), roofline_svg(view.get("profile"), view.get("roofline_points") or []),
             counters_html((view.get("profile") or {}).get("counters")),
@@ -377,6 +386,7 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
     best, why = best_node(history)
     h2h = run.head_to_head
     nodes = [_node_view(n, baseline) for n in history]
+    answer = _best_view(best, why, baseline, problem.source, history, run.stop_reason, h2h)
     return {
         "run": {"id": run.id, "device": run.device_key, "status": run.status, "created": run.created,
                 "finished": run.finished, "config": run.config, "stop_reason": run.stop_reason,
@@ -388,11 +398,10 @@ def report_view(store: Store, run_id: int | str) -> dict[str, Any]:
             "eager_ms": baseline.eager.median_ms if baseline.eager else None,
             "compile_ms": baseline.compiled.median_ms if baseline.compiled else None,
             "compile_s": baseline.compile_s, "error": baseline.error, "clocks": _clocks_view(baseline)},
-        "best": _with_start_diff(_best_view(best, why, baseline, problem.source, history, run.stop_reason, h2h),
-                                 history),
+        "best": _with_start_diff(answer, history),
         "head_to_head": h2h.to_dict() if h2h is not None else None,
         "starts": _starts_view(history, best),
-        "roofline_points": _roofline_points(baseline, history, best),
+        "roofline_points": _roofline_points(baseline, history, best, answered=answer["node"] is not None),
         "phases": run.phases,
         "nodes": nodes,
         "screen": screen_summary(history),
@@ -511,10 +520,8 @@ def _baseline_answer(side: str, why: str, source: str, speedups: dict[str, float
     if side == "eager":
         return {"node": None, "reference": True, "baseline": side, "why": why, "speedups": speedups,
                 "source": reference_candidate(source, why)}
-    from kernelevolve.propose.inductor import render
-
     return {"node": None, "reference": False, "baseline": side, "why": why, "speedups": speedups,
-            "source": render(source, COMPILE_OPTIONS[side], LABELS[side])}
+            "source": compiled_source(source, COMPILE_OPTIONS[side], LABELS[side])}
 
 
 def _clocks_view(baseline: Baseline) -> dict[str, Any]:
@@ -537,20 +544,20 @@ def _with_start_diff(best: dict[str, Any], history: Sequence[Node]) -> dict[str,
     root = start_of(node, history) if node is not None else None
     if root is None or root.id == node.id:
         return best
-    from kernelevolve.propose.start import diff_text
-
     return dict(best, start=root.meta["start"], diff=diff_text(root.source, node.source, root.meta["start"]))
 
 
-def _roofline_points(baseline: Baseline | None, history: Sequence[Node], best: Node | None) -> list[tuple[str, float]]:
-    """(label, ms) of the timed kernels the roofline plot places: eager, torch.compile, each start, the best."""
+def _roofline_points(baseline: Baseline | None, history: Sequence[Node], best: Node | None,
+                     answered: bool = True) -> list[tuple[str, float]]:
+    """(label, ms) of the timed kernels the roofline plot places: eager, torch.compile, each start, and the fastest
+    candidate: "best" where best.py is that candidate (``answered``), else "fastest candidate"."""
     points = []
     if baseline is not None:
         points += [(label, t.median_ms) for label, t in (("eager", baseline.eager),
                                                           ("torch.compile", baseline.compiled)) if t is not None]
     points += [(f"start {n.meta['start']}", n.runtime_ms) for n in history if n.meta.get("start") and n.runtime_ms]
     if best is not None and best.runtime_ms and not best.meta.get("start"):
-        points.append((f"best (node {best.id})", best.runtime_ms))
+        points.append((f"{'best' if answered else 'fastest candidate'} (node {best.id})", best.runtime_ms))
     return points
 
 

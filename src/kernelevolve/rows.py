@@ -68,6 +68,17 @@ def fastest_timed(nodes: Sequence[Node]) -> list[Node]:
     return sorted((n for n in nodes if n.runtime_ms is not None), key=attrgetter("runtime_ms"))
 
 
+def best_node(history: Sequence[Node]) -> tuple[Node | None, str]:
+    """The fastest timed ok node; else the first verified one; with the reason for the choice."""
+    timed = fastest_timed(history)
+    if timed:
+        return timed[0], "fastest timed candidate"
+    verified = [n for n in history if n.ok]
+    if verified:
+        return verified[0], "best verified candidate (no candidate was timed)"
+    return None, "no candidate was verified"
+
+
 @dataclass(frozen=True)
 class Run:
     id: int

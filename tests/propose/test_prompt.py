@@ -230,3 +230,23 @@ def test_the_hardware_counters_say_what_limits_the_kernel_a_step_starts_from(pin
                       source=GOOD)
     assert "What limits" not in build_prompt("improve", with_counters, parent=start).user  # its counters failed
     assert "What limits" not in build_prompt("scratch", pin).user  # no counters read
+
+
+def test_improve_states_the_parents_time_and_names_nodes_by_id(pin):
+    parent = node(4, GOOD, ms=2.0)
+    p = build_prompt("improve", pin, parent=parent, best=[parent, node(6, GOOD, ms=3.0)])
+    assert "(node 4, llm: n4) that runs in 2 ms" in p.user and "Make it faster while keeping it correct" in p.user
+    assert "- node 6, llm: n6: 3 ms" in p.user
+
+
+def test_improve_of_an_untimed_kernel_on_the_cpu_says_what_to_aim_for(pin):
+    from dataclasses import replace
+
+    cpu = replace(pin, device="cpu", device_name="cpu")
+    parent = node(4, GOOD, ms=None, proposer="template")
+    kids = [node(5, GOOD, Status.COMPILE_ERROR, None, parent=4, reason="bad syntax")]
+    p = build_prompt("improve", cpu, parent=parent, siblings=kids, best=[parent])
+    assert "runs in verified, untimed" not in p.user
+    assert "(node 4, template: n4), verified but not timed: its Triton kernels run under Triton's interpreter" in p.user
+    assert "Aim for what this run can measure: torch code" in p.user
+    assert "- node 5, llm: n5: compile_error (bad syntax)" in p.user

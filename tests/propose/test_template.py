@@ -263,3 +263,20 @@ def test_the_forward_reads_nested_parameters_and_buffers_afresh_on_every_call(tm
         m.blocks[0].shift = torch.full((40,), -2.0)
     with torch.no_grad():
         torch.testing.assert_close(new(x), ref(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_cpu_runs_template_proposer_keeps_the_default_fp32_mode_and_its_cap(tmp_path):
+    """make_proposers on the CPU: no tensor-core fp32 mode (none runs or is timed there), and at most
+    ``template_max`` candidates in the run."""
+    from kernelevolve.propose import make_proposers
+    from tests.benchsuite import load_suite
+
+    suite = load_suite()
+    ctx = _ctx(load_problem(suite.write_small_copy(suite.PROBLEMS / "dcn_v2_cross_fp32.py", tmp_path)))
+    (proposer,) = make_proposers(["template"], "cpu", {"template_max": 2})
+    cands = proposer.propose(ctx, 3)
+    assert len(cands) == 2
+    assert {cfg["config"].get("INPUT_PRECISION") for c in cands for cfg in c.meta["configs"]} == {"ieee"}
+    assert proposer.propose(ctx, 3) == []
+    (gpu,) = make_proposers(["template"], "cuda", {})
+    assert gpu.tensor_core_modes and gpu.max_candidates is None

@@ -13,7 +13,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
@@ -72,6 +72,22 @@ class EvalConfig:
     time_candidates: bool = True
     # CUDA outputs of at least this many bytes come back on the device, by IPC handle (None: always by host memory)
     share_min_bytes: int | None = devshare.MIN_BYTES
+
+
+class JudgeSettings(Protocol):
+    """The judge's settings as a run's configuration holds them (``OptimizeConfig`` does)."""
+
+    device: str
+    timeout_s: float
+    trials: int
+    timing_budget_ms: float
+    timing: str  # the clock that ranks kernels: "call" or "graph"
+
+
+def make_evaluator(problem: Problem, cfg: JudgeSettings, workdir: str | Path | None = None) -> "Evaluator":
+    timing = TimingConfig(budget_ms=cfg.timing_budget_ms, clock=cfg.timing)
+    return Evaluator(problem, EvalConfig(device=cfg.device, timeout_s=cfg.timeout_s, trials=cfg.trials, timing=timing),
+                     workdir)
 
 
 class HeadToHeadError(Exception):

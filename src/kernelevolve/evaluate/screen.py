@@ -27,6 +27,7 @@ import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any, Callable, Iterator
 
 import torch
@@ -77,6 +78,22 @@ class ScreenConfig:
 
 
 OnScreened = Callable[[int, ScreenResult], None]
+
+
+class _Ended(Enum):
+    """How one child's share of a stage ended."""
+
+    FIT = "fit"  # without a failure: the queue empty, a result after which the process is replaced, or cancel()
+    WANT_FRESH = "want fresh"  # a kept child met a candidate only a fresh one may take: the next child is fresh
+    FAILED = "failed"  # a candidate's failure, or the process's (``_ChildEnd.failure``)
+    PARENT_FAILED = "parent failed"  # the parent's own side (out of memory, an OS error): this process stops
+
+
+@dataclass(frozen=True)
+class _ChildEnd:
+    how: _Ended
+    failure: ScreenResult | None = None  # FAILED: the candidate's in ``current``, or the process's where it holds None
+    answered: int = 0  # FAILED: candidates the child had answered by then
 
 
 class Screener:
@@ -335,36 +352,34 @@ class Screener:
         while batch.todo and not batch.cancelled.is_set():
             current: list[int | None] = [None]
             try:
-                failure, ran = self._one_child(name, batch, step, gpu, out, current, fresh)
-                fresh = ran == -2
+                end = self._one_child(name, batch, step, gpu, out, current, fresh)
+                fresh = end.how is _Ended.WANT_FRESH
             except (torch.OutOfMemoryError, OSError) as e:  # the parent's own side
-                failure, ran = None, 0
+                end = _ChildEnd(_Ended.PARENT_FAILED)
                 batch.failures.append(f"{type(e).__name__}: {str(e)[:200]}")
-            if batch.cancelled.is_set() or failure is None:
+            if batch.cancelled.is_set() or end.failure is None:
                 if current[0] is not None:  # killed by cancel(), or the parent failed: no fault of its own
                     batch.todo.appendleft(current[0])
-                if failure is None and not batch.cancelled.is_set() and ran < 0:
+                if end.how in (_Ended.FIT, _Ended.WANT_FRESH) and not batch.cancelled.is_set():
                     continue  # the child ended fit, was replaced or met a candidate for a fresh one
                 return out
             if current[0] is None:  # the process failed before or between candidates: no candidate's doing
-                if not ran:
-                    batch.failures.append(failure.reason)
+                if not end.answered:
+                    batch.failures.append(end.failure.reason)
                     return out
                 continue
-            out[current[0]] = failure
+            out[current[0]] = end.failure
         return out
 
     def _one_child(self, name: str, batch: "_Batch", step: Callable[[Child, int], ScreenResult], gpu: int | None,
                    out: dict[int, ScreenResult], current: list[int | None],
-                   force_fresh: bool = False) -> tuple[ScreenResult | None, int]:
-        """One child's share of the stage, in a child kept from an earlier batch or a fresh one: (None, -1) when it
-        ended without a failure (the queue empty, a result after which the process is replaced, or cancel()), (None,
-        -2) when a kept child met a candidate only a fresh one may take (the caller's next child is fresh), else
-        (the failure of the candidate in ``current``, or of the process when ``current`` holds None, and how many
-        candidates the child has answered). A fresh child that reports itself unfit is the screen's own failure:
-        OSError, as for the parent's own side. With ``batch.keep``, a child that ends fit is kept for the next
-        batch. A kept child that dies on its first candidate of the batch may have died waiting: that candidate is
-        put back for a fresh child (``batch.fresh_only``), and blamed only there."""
+                   force_fresh: bool = False) -> _ChildEnd:
+        """One child's share of the stage, in a child kept from an earlier batch or a fresh one (how it ended: see
+        ``_Ended``; a failure is that of the candidate in ``current``, or of the process when ``current`` holds
+        None, with how many candidates the child has answered). A fresh child that reports itself unfit is the
+        screen's own failure: OSError, as for the parent's own side. With ``batch.keep``, a child that ends fit is
+        kept for the next batch. A kept child that dies on its first candidate of the batch may have died waiting:
+        that candidate is put back for a fresh child (``batch.fresh_only``), and blamed only there."""
         child = self._acquire(name, gpu) if batch.keep and not force_fresh else None
         fresh = child is None
         if child is None:
@@ -414,31 +429,31 @@ class Screener:
                     answered += 1
                     if r.status not in _FIT_AFTER and not r.ok:
                         break
-            return None, -1
+            return _ChildEnd(_Ended.FIT)
         except _WantFresh:
-            return None, -2
+            return _ChildEnd(_Ended.WANT_FRESH)
         except ChildTimeout:
             i = current[0]
             limit = self.config.timeout_s if i is None else batch.deadline(i)
-            return ScreenResult(Status.TIMEOUT, f"no answer within {limit:g} s in the screen's {name} stage; "
-                                                "process group killed"), child.answered
+            failure = ScreenResult(Status.TIMEOUT, f"no answer within {limit:g} s in the screen's {name} stage; "
+                                                   "process group killed")
         except ChildDied as e:
             if not fresh and answered == 0 and current[0] is not None:
                 batch.fresh_only.add(current[0])
                 todo.appendleft(current[0])
                 current[0] = None
-                return None, -2
-            return ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)"), child.answered
+                return _ChildEnd(_Ended.WANT_FRESH)
+            failure = ScreenResult(Status.CRASHED, f"screen process {e} ({name} stage)")
         except _Verdict as v:
-            return ScreenResult(v.status, v.reason, error=v.error[-ERROR_CHARS:]), child.answered
+            failure = ScreenResult(v.status, v.reason, error=v.error[-ERROR_CHARS:])
         except _MALFORMED as e:
-            return ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})"), \
-                child.answered
+            failure = ScreenResult(Status.REJECTED, f"protocol violation: malformed message ({type(e).__name__})")
         finally:
             if fit and batch.keep and not batch.cancelled.is_set():
                 self._keep(name, gpu, child)
             else:  # out of _live by now: cancel() no longer touches it
                 child.kill()
+        return _ChildEnd(_Ended.FAILED, failure, child.answered)
 
     @contextlib.contextmanager
     def _working(self, child: Child) -> Iterator[Child]:

@@ -12,10 +12,10 @@ def make_proposers(names: list[str], device: str, options: dict[str, Any] | None
     ``options`` (JSON-safe, stored with the run) configures the prompted proposers: ``llm`` (an ``LLMSettings``
     dict), ``knowledge_dirs``, ``prompts_dir``, ``prompt_tokens``, ``manual_dir``, ``manual_timeout_s``, and the
     run's model budget ``max_calls``, ``max_tokens`` and ``max_cost_usd`` (absent: the defaults of SpendLimits; None
-    or 0: no limit)."""
+    or 0: no limit); and the template proposer's ``template_max`` (candidates per run at most; absent: no limit)."""
     from kernelevolve.propose.inductor import InductorProposer
-    from kernelevolve.propose.llm import SpendLimits
     from kernelevolve.propose.template import TemplateProposer
+    from kernelevolve.spend import SpendLimits
 
     opts = options or {}
     prompted = {"knowledge_dirs": tuple(opts.get("knowledge_dirs") or ()), "prompts_dir": opts.get("prompts_dir"),
@@ -37,7 +37,9 @@ def make_proposers(names: list[str], device: str, options: dict[str, Any] | None
                               float(opts.get("manual_timeout_s") or 3600.0), **prompted)
 
     registry: dict[str, Callable[[], Proposer]] = {
-        "inductor": lambda: InductorProposer(device), "template": lambda: TemplateProposer(device), "llm": llm,
+        "inductor": lambda: InductorProposer(device),
+        "template": lambda: TemplateProposer(device, max_candidates=opts.get("template_max"),
+                                             tensor_core_modes=device != "cpu"), "llm": llm,
         "manual": manual}
     if not names:
         raise ProposerError(f"no proposer named; available: {', '.join(sorted(registry))}")
@@ -48,5 +50,19 @@ def make_proposers(names: list[str], device: str, options: dict[str, Any] | None
 
 
 PROPOSERS = ("template", "inductor", "llm", "manual")
+# The default proposers where --proposer is not given. On the CPU, Triton runs under its interpreter, verified but
+# never timed: torch.compile's configurations come first there, and the template proposer gets at most
+# CPU_TEMPLATE_SHARE of --max-evals (at least one candidate, to show that its kernels verify).
+DEFAULT_PROPOSERS = {"cuda": ("template", "inductor"), "cpu": ("inductor", "template")}
+CPU_TEMPLATE_SHARE = 0.25
 
-__all__ = ["PROPOSERS", "ProposalContext", "Proposer", "ProposerError", "make_proposers"]
+
+def default_proposers(device: str, max_evals: int) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The proposers a run on ``device`` gets by default, and the proposer options that go with them."""
+    if device != "cpu":
+        return DEFAULT_PROPOSERS["cuda"], {}
+    return DEFAULT_PROPOSERS["cpu"], {"template_max": max(1, round(max_evals * CPU_TEMPLATE_SHARE))}
+
+
+__all__ = ["CPU_TEMPLATE_SHARE", "DEFAULT_PROPOSERS", "PROPOSERS", "ProposalContext", "Proposer", "ProposerError",
+           "default_proposers", "make_proposers"]

@@ -6,11 +6,12 @@ chosen Inductor options. It is the floor that every other proposer has to beat.
 """
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
 from kernelevolve.candidate import Candidate, Meta
+from kernelevolve.candidate import compiled_source as render
+from kernelevolve.candidate import options_key as config_key
 from kernelevolve.evaluate.headtohead import COMPILE_OPTIONS
 from kernelevolve.propose.base import ProposalContext
 
@@ -50,30 +51,6 @@ SEEDS: list[tuple[str, dict[str, Any]]] = [
     ("aggressive-fusion", {"aggressive_fusion": True, "max_fusion_size": 128}),
 ]
 
-TEMPLATE = '''"""Candidate from kernelevolve's inductor proposer: torch.compile of the reference ({label}).
-
-Inductor options: {options_json}
-"""
-import torch
-
-# ---- the reference, verbatim from the problem file ------------------------------------------------------------
-{problem_source}
-# ---- end of reference -----------------------------------------------------------------------------------------
-
-COMPILE_OPTIONS = {options_repr}
-
-
-class ModelNew(Model):
-    """The reference's forward under torch.compile; same constructor and state_dict as Model."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._compiled = torch.compile(super().forward, options=COMPILE_OPTIONS or None, dynamic=False)
-
-    def forward(self, *args):
-        return self._compiled(*args)
-'''
-
 
 def _available(name: str) -> bool:
     try:
@@ -81,15 +58,6 @@ def _available(name: str) -> bool:
     except ImportError:
         return False
     return name in cfg.get_config_copy()
-
-
-def config_key(options: dict[str, Any]) -> str:
-    return json.dumps(options, sort_keys=True)
-
-
-def render(problem_source: str, options: dict[str, Any], label: str) -> str:
-    return TEMPLATE.format(label=label, options_json=config_key(options), problem_source=problem_source.rstrip(),
-                           options_repr=repr(dict(sorted(options.items()))))
 
 
 class InductorProposer:

@@ -28,6 +28,7 @@ from kernelevolve.candidate import Candidate, Meta
 from kernelevolve.propose.base import ProposalContext
 from kernelevolve.propose.prompt import Prompt, PromptInputs, build_prompt, describe_inputs, extract_code, language_of
 from kernelevolve.rows import Experience, Node
+from kernelevolve.spend import SpendLimits
 
 log = logging.getLogger(__name__)
 
@@ -45,23 +46,6 @@ class ExpandConfig:
     max_failed_calls: int = 6  # calls in a row without a candidate after which the proposer gives up
     max_repeats: int = 3  # replies in a row that repeat a known candidate after which their line of work stops
     max_repeats_total: int = 4  # such replies in a row over every line, after which the proposer stops
-
-
-@dataclass(frozen=True)
-class SpendLimits:
-    """A run's budget for model calls: each limit None for none. The cost counts only calls whose price is known."""
-
-    calls: int | None = 60
-    tokens: int | None = 1_000_000  # input and output together
-    cost_usd: float | None = 10.0
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "SpendLimits":
-        """From a run's proposer options ``max_calls``, ``max_tokens``, ``max_cost_usd``: absent, the default; 0 or
-        None, no limit."""
-        d = cls()
-        get = lambda key, default: (options[key] or None) if key in options else default  # noqa: E731
-        return cls(get("max_calls", d.calls), get("max_tokens", d.tokens), get("max_cost_usd", d.cost_usd))
 
 
 def failed(node: Node) -> bool:

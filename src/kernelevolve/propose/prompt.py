@@ -183,7 +183,25 @@ def _ms(node: Node, profile: Profile | None = None) -> str:
 
 
 def _label(node: Node) -> str:
-    return f"{node.proposer}: {node.meta.get('label', node.id)}"
+    """The node's id (as the tree and ``kernelevolve show`` name it), its proposer and what it is."""
+    what = node.meta.get("label")
+    return f"node {node.id}, {node.proposer}" + (f": {what}" if what else "")
+
+
+def _aim(parent: Node, device: str, parent_ms: str, ways: str) -> dict[str, str]:
+    """How the task states the parent's speed and what to aim for: a faster kernel where the parent was timed; on the
+    CPU, where a Triton kernel runs under the interpreter and is verified but never timed, what this run can
+    measure instead."""
+    r = parent.result
+    if r is not None and r.timed and r.runtime_ms is not None:
+        return {"speed": f" that runs in {parent_ms}", "aim": f"Make it faster while keeping it correct: {ways}."}
+    if device != "cpu":
+        return {"speed": ", verified but not timed", "aim": f"Make it faster while keeping it correct: {ways}."}
+    return {"speed": (", verified but not timed: its Triton kernels run under Triton's interpreter on the CPU, "
+                      "whose times say nothing of a kernel's speed"),
+            "aim": (f"Aim for what this run can measure: torch code (no Triton kernel), which is timed here, that "
+                    f"beats eager PyTorch through {ways}; or keep the Triton kernels and make them do less work "
+                    "(fewer passes over memory, fewer launches), which this run verifies and a GPU run times.")}
 
 
 def failure_text(node: Node, max_chars: int = 3000) -> str:
@@ -312,6 +330,7 @@ def build_prompt(strategy: str, pin: PromptInputs, parent: Node | None = None,
               **DEVICE_TEXT["cpu" if pin.device == "cpu" else "cuda"]}
     if parent is not None:
         fields.update(parent_label=_label(parent), parent_ms=_ms(parent, pin.profile))
+        fields.update(_aim(parent, pin.device, fields["parent_ms"], fields["ways"]))
         status = parent.result or parent.screen
         if status is not None:
             fields.update(status=status.status.value, reason=status.reason)

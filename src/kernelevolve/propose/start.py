@@ -12,14 +12,13 @@ configuration on its own first, then one knob at a time around the fastest, then
 from __future__ import annotations
 
 import ast
-import difflib
 import json
 import logging
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelevolve.candidate import Candidate, Meta
+from kernelevolve.candidate import Candidate, Meta, diff_text
 from kernelevolve.propose.base import ProposalContext
 from kernelevolve.rows import Node
 
@@ -219,12 +218,6 @@ def _autotune(kernel: str, deco: ast.Call, offsets: list[int]) -> Autotune | Non
     except (ValueError, TypeError, SyntaxError):
         keys = ()
     return Autotune(kernel, _span(arg, offsets), names, tuple(configs), keys)
-
-
-def diff_text(start: str, variant: str, name: str = "start") -> str:
-    """The variant against its start file, as a unified diff."""
-    return "".join(difflib.unified_diff(start.splitlines(keepends=True), variant.splitlines(keepends=True),
-                                        f"{name} (start)", f"{name} (variant)", n=1))
 
 
 def _key(genome: dict[str, Any]) -> str:

@@ -117,16 +117,27 @@ class TemplateProposer:
     # configuration with autotuning in tens of seconds
     weight = 3
 
-    def __init__(self, device: str, seed: int | None = None):
+    def __init__(self, device: str, seed: int | None = None, max_candidates: int | None = None,
+                 tensor_core_modes: bool = True):
         self.device = device
         self.rng = random.Random(seed)
         self._plans: dict[str, Plan] = {}
         self.broken: set[str] = set()  # region keys whose rendering failed
+        # candidates per run at most (None: no limit): on the CPU, where they are verified but not timed, the default
+        # proposers leave the rest of the budget to candidates that can be timed there
+        self.max_candidates = max_candidates
+        self.proposed = 0
+        # False: each region's fp32 product mode stays its default. tf32, tf32x3 and the split modes are tensor-core
+        # products, which a run on the CPU neither runs (the interpreter only repeats the default's verdict) nor times
+        self.tensor_core_modes = tensor_core_modes
 
     def plan(self, problem: Any) -> Plan:
         if problem.sha not in self._plans:
             self._plans[problem.sha] = plan_problem(problem, self.device)
             p = self._plans[problem.sha]
+            for r in [] if self.tensor_core_modes else p.regions + (p.alt.regions if p.alt else []):
+                if "INPUT_PRECISION" in r.space:
+                    r.space["INPUT_PRECISION"] = r.space["INPUT_PRECISION"][:1]
             log.info("template plan: %s", p.error or ", ".join(f"{r.match.kind}({len(r.match.nodes)} ops)"
                                                                 for r in p.regions) or "no region matched")
         return self._plans[problem.sha]
@@ -222,6 +233,11 @@ class TemplateProposer:
         return {r.key: dict((a if self.rng.random() < 0.5 else b).get(r.key, r.default())) for r in plan.regions}
 
     def propose(self, ctx: ProposalContext, n: int) -> list[Candidate]:
+        if self.max_candidates is not None:  # a resumed run's earlier candidates count
+            self.proposed = max(self.proposed, sum(1 for node in ctx.history if node.proposer == self.name))
+            n = min(n, self.max_candidates - self.proposed)
+            if n <= 0:
+                return []
         plan = self.plan(ctx.problem)
         if plan.error or not plan.regions:
             return []
@@ -262,6 +278,7 @@ class TemplateProposer:
                                  meta=Meta(label=label, genome=genome, configs=configs, regions=plan.describe())))
             if len(out) >= n:
                 break
+        self.proposed += len(out)
         return out
 
 
