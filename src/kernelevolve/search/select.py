@@ -3,23 +3,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kernelevolve.rows import Node, fastest_timed
+from kernelevolve.rows import Node, best_node, fastest_timed  # noqa: F401  (best_node: its old home)
+
+
+__all__ = ["SELECTORS", "GreedySelector", "Selector", "best_node", "make_selector"]
 
 
 class Selector(Protocol):
     def select(self, history: list[Node], k: int) -> list[Node]:
         ...
-
-
-def best_node(history: list[Node]) -> tuple[Node | None, str]:
-    """The fastest timed ok node; else the first verified one; with the reason for the choice."""
-    timed = fastest_timed(history)
-    if timed:
-        return timed[0], "fastest timed candidate"
-    verified = [n for n in history if n.ok]
-    if verified:
-        return verified[0], "best verified candidate (no candidate was timed)"
-    return None, "no candidate was verified"
 
 
 class GreedySelector:
