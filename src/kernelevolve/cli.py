@@ -7,16 +7,18 @@ import logging
 import os
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from kernelevolve.model.budget import MIN_SHARE
+from kernelevolve.settings import (DEFAULT_DB, DEFAULT_OUT, DEFAULTS, GROUPS, PROMPT_TOKENS, SettingsError,
+                                   add_effort_flags, add_flags, options, resolve)
 
 if TYPE_CHECKING:
     from kernelevolve.rows import Node
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-DEFAULT_DB = "kernelevolve.db"
 
 
 class UsageError(Exception):
@@ -121,7 +123,7 @@ def cmd_optimize_model(args: argparse.Namespace) -> int:
 
     cfg = optimize_config(args, _device(args))
     console = _console()
-    budget = args.time_budget if args.time_budget is not None else MODEL_BUDGET_S
+    budget = args.time_budget_s if args.time_budget_s is not None else MODEL_BUDGET_S
     hosts = tuple(h for h in (args.hosts or "").split(",") if h) or None
     if hosts and any(h not in HOSTS for h in hosts):
         raise UsageError(f"--hosts takes {' or '.join(HOSTS)} (comma-separated), not {args.hosts!r}")
@@ -192,25 +194,19 @@ def _print_model_plan(console: Any, plan: Any) -> None:
 def optimize_config(args: argparse.Namespace, device: str) -> Any:
     """The OptimizeConfig of the optimize flags (shared by optimize and submit), checked before any work is done:
     a bad proposer name, --executor ray without an address or a bad LLM setting raise a one-line error."""
-    from kernelevolve.optimize import OptimizeConfig
     from kernelevolve.propose import default_proposers, make_proposers
 
-    names, defaults = default_proposers(device, args.max_evals)
+    try:
+        given = {name: getattr(args, name) for name, _ in options()}
+        cfg = resolve(given, args.effort, args.config)
+    except SettingsError as e:
+        raise UsageError(str(e)) from None
+    names, defaults = default_proposers(device, cfg.max_evals)
     if args.proposer is not None:
         names, defaults = tuple(p for p in args.proposer.split(",") if p), {}
-    cfg = OptimizeConfig(device=device, proposers=names,
-                         max_evals=args.max_evals, time_budget_s=args.time_budget, target_speedup=args.target_speedup,
-                         stall=args.stall or None, timeout_s=args.timeout, workers=args.workers,
-                         timing_budget_ms=args.timing_budget_ms,
-                         proposer_options={**_proposer_options(args), **defaults},
-                         executor=args.executor, ray_address=args.ray_address, ray_retries=args.ray_retries,
-                         screen_batch=args.screen_batch, finalists=args.finalists,
-                         backup_agree=None if args.judge_all_finalists else OptimizeConfig.backup_agree,
-                         max_screened=args.max_screened or None, screen_timeout_s=args.screen_timeout,
-                         screen_share=args.screen_share, closing=not args.no_closing_round,
-                         starts=start_files(args.start), counters=not args.no_ncu, timing=args.timing,
-                         head_to_head=not args.no_head_to_head)
-    if cfg.finalists < 1 or (args.screen_batch is not None and args.screen_batch < 0) or args.max_screened < 0:
+    cfg = replace(cfg, device=device, proposers=names, proposer_options={**_proposer_options(args), **defaults},
+                  backup_agree=None if args.judge_all_finalists else cfg.backup_agree, starts=start_files(args.start))
+    if cfg.finalists < 1 or (cfg.screen_batch is not None and cfg.screen_batch < 0) or (cfg.max_screened or 0) < 0:
         raise UsageError("--finalists takes a positive count, --screen-batch and --max-screened 0 or more")
     if not 0 < cfg.screen_share <= 1 or cfg.screen_timeout_s <= 0:
         raise UsageError("--screen-share takes a fraction in (0, 1], --screen-timeout a positive number of seconds")
@@ -349,7 +345,7 @@ def _print_outcome(console: Any, outcome: Any, db: str) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from kernelevolve.candidate import Candidate
     from kernelevolve.evaluate.result import CLOCK_KEYS
-    from kernelevolve.optimize import OptimizeConfig, make_evaluator
+    from kernelevolve.optimize import make_evaluator
     from kernelevolve.problem import load_problem
 
     device = _device(args)
@@ -357,8 +353,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     path = Path(args.candidate)
     if not path.is_file():
         raise UsageError(f"{path}: no such candidate file")
-    cfg = OptimizeConfig(device=device, timeout_s=args.timeout, timing_budget_ms=args.timing_budget_ms,
-                         timing=args.timing)
+    cfg = resolve({"timeout_s": args.timeout_s, "timing_budget_ms": args.timing_budget_ms, "timing": args.timing},
+                  base=replace(DEFAULTS, device=device))
     evaluator = make_evaluator(problem, cfg)
     result = evaluator.evaluate(Candidate(path.read_text(), proposer="manual"))
     baseline = None
@@ -841,46 +837,15 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
     p.add_argument("--start", action="append", metavar="FILE", default=[],
                    help="your own kernel (a candidate file) to start from: judged first, then tuned (its autotune "
                         "configs, constexpr launch settings, num_warps/num_stages) and improved; repeatable")
-    p.add_argument("--max-evals", type=int, default=20,
-                   help="candidates judged at most (those the screen only ranks do not count)")
-    p.add_argument("--time-budget", type=float, help="seconds of search, counted from the first proposal")
-    p.add_argument("--target-speedup", type=float, help="stop once this speedup over eager is reached")
-    p.add_argument("--stall", type=int, default=10, help="stop after this many evaluations without a new best (0: never)")
-    p.add_argument("--workers", type=int, help="parallel evaluations (default: one per GPU, 1 on CPU; with Ray: the "
-                                                "cluster's GPUs, or its CPUs with --device cpu)")
-    p.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="where evaluations run: worker processes here, or Ray tasks on a cluster")
-    p.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (host:port, ray://host:port or 'auto')")
-    p.add_argument("--ray-retries", type=int, default=2, help="retries of an evaluation lost with its Ray worker or node")
     add_db_arg(p)
-    p.add_argument("--timeout", type=float, default=600.0, help="hard limit per candidate, seconds")
-    p.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time per candidate")
-    p.add_argument("--timing", choices=["call", "graph"], default="call",
-                   help="the clock that ranks kernels: call (the latency of a call from Python, as an eager program "
-                        "makes it) or graph (replays of a CUDA graph of the call, for models served with CUDA "
-                        "graphs); both are reported on a GPU (default: call)")
-    p.add_argument("--no-head-to-head", action="store_true",
-                   help="skip timing the winner against the baselines in interleaved rounds before the answer "
-                        "(the speedups then come from the judge's separate timings)")
-    p.add_argument("--no-ncu", action="store_true", help="skip the hardware counters of the reference, the start "
-                   "kernels and the best (read with ncu on CUDA where it is on the PATH)")
-    sc = p.add_argument_group("the screen: many candidates checked once and timed briefly, the fastest judged")
-    sc.add_argument("--screen-batch", type=int, metavar="N",
-                    help="candidates per screen batch (default: 32 on CUDA, 0 on the CPU; 0: judge every candidate)")
-    sc.add_argument("--finalists", type=int, default=2, help="the fastest of each batch sent on to the judge")
+    sc = p.add_argument_group(GROUPS["screen"])
+    add_flags(p, {"screen": sc})
+    add_effort_flags(p)
     sc.add_argument("--judge-all-finalists", action="store_true",
                     help="judge every finalist of a batch; by default those after its fastest are backups, judged "
-                         "only if an earlier one failed the judge or was timed there more than 5%% off what its screen time "
-                         "predicts (the screen time times the run's median ratio of judge to screen time)")
-    sc.add_argument("--max-screened", type=int, default=480,
-                    help="screened candidates per run; past it candidates are judged directly (0: no limit)")
-    sc.add_argument("--screen-timeout", type=float, default=120.0, help="hard limit per candidate in the screen, s")
-    sc.add_argument("--screen-share", type=float, default=0.6,
-                    help="the most of --time-budget spent screening (default 0.6); past it candidates are judged")
-    sc.add_argument("--no-closing-round", action="store_true",
-                    help="end the search at once when it stops; by default, up to --finalists candidates that the "
-                         "screen (waiting finalists) or the baseline (torch.compile's own kernel) timed faster than "
-                         "the best are judged first, which can run past --time-budget")
+                         f"only if an earlier one failed the judge or was timed there more than "
+                         f"{DEFAULTS.backup_agree * 100:.0f}%% off what its screen time predicts (the screen time times the "
+                         "run's median ratio of judge to screen time)")
     g = p.add_argument_group("language models (--proposer llm) and prompts (llm, manual)")
     g.add_argument("--llm-model", metavar="NAME[=W],...", help="model names, with optional sampling weights")
     g.add_argument("--llm-base-url", metavar="URL", help="an OpenAI-compatible server (vLLM, SGLang, Ollama, ...)")
@@ -904,7 +869,7 @@ def add_optimize_args(p: argparse.ArgumentParser, device_help: str = "default: c
                         "(default 10)")
     g.add_argument("--knowledge", action="append", metavar="DIR", help="a folder of your own notes (*.md); repeatable")
     g.add_argument("--prompts", metavar="DIR", help="prompt templates that replace the built-in ones by file name")
-    g.add_argument("--prompt-tokens", type=int, default=12000, help="prompt budget; low-priority sections go first")
+    g.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help="prompt budget; low-priority sections go first")
     g.add_argument("--manual-dir", default="kernelevolve-prompts", help="where --proposer manual writes prompts")
     g.add_argument("--manual-timeout", type=float, default=3600.0, help="seconds to wait for each reply file")
 
@@ -917,7 +882,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     o = sub.add_parser("optimize", help="search for a faster verified kernel", epilog=OPTIMIZE_EXIT_CODES)
     add_optimize_args(o)
-    o.add_argument("--out", default="kernelevolve-out", help="where best.py, report.html and the run's work files go")
+    o.add_argument("--out", default=DEFAULT_OUT, help="where best.py, report.html and the run's work files go")
     o.add_argument("--resume", metavar="RUN", help="continue run RUN (an id or 'latest') from the store")
     o.set_defaults(func=cmd_optimize)
 
@@ -941,9 +906,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("problem", help="the problem file")
     c.add_argument("candidate", help="the candidate file (a ModelNew)")
     c.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available, else cpu")
-    c.add_argument("--timeout", type=float, default=600.0, help="hard limit, seconds")
-    c.add_argument("--timing-budget-ms", type=float, default=1000.0, help="measured time")
-    c.add_argument("--timing", choices=["call", "graph"], default="call", help="the clock runtime_ms is read on")
+    add_flags(c, only=("timeout_s", "timing_budget_ms", "timing"))
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--no-baseline", action="store_true", help="skip timing the reference (no speedups)")
     c.add_argument("-v", "--verbose", action="store_true", help="print the error text of a failed candidate")
@@ -968,7 +931,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. 'NVIDIA H200'); default: the profile's device")
     q.add_argument("--knowledge", action="append", metavar="DIR", help="a folder of your own notes; repeatable")
     q.add_argument("--prompts", metavar="DIR", help="prompt templates that replace the built-in ones by file name")
-    q.add_argument("--prompt-tokens", type=int, default=12000, help="prompt budget; low-priority sections go first")
+    q.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help="prompt budget; low-priority sections go first")
     q.add_argument("--seed", type=int, default=0, help="seeds the choice of step")
     q.add_argument("--proposer", choices=["llm", "manual"], default="llm", help="whose step, with --run")
     q.set_defaults(func=cmd_prompt)
@@ -1012,7 +975,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("report", help="write best.py and report.html for a run")
     w.add_argument("run", help="run id or 'latest'")
     add_db_arg(w)
-    w.add_argument("--out", default="kernelevolve-out", help="where best.py and report.html go")
+    w.add_argument("--out", default=DEFAULT_OUT, help="where best.py and report.html go")
     w.set_defaults(func=cmd_report)
 
     sm = sub.add_parser("submit", help="queue an optimization job for `kernelevolve serve`; prints its id")

@@ -4,14 +4,14 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate, Meta
 from kernelevolve.engine import make_pool
 from kernelevolve.evaluate import Baseline, Result, make_evaluator
-from kernelevolve.evaluate.headtohead import BASELINES, LABELS, HeadToHead
+from kernelevolve.evaluate.headtohead import LABELS, HeadToHead
 from kernelevolve.evaluate.screen import ScreenConfig
 from kernelevolve.problem import Problem, ProblemError, load_problem
 from kernelevolve.profile import Profile, ProfileError, profile_problem
@@ -22,77 +22,10 @@ from kernelevolve.machine import here, versions
 from kernelevolve.report import write_outputs
 from kernelevolve.rows import Node, Run
 from kernelevolve.search import SearchConfig, SearchOutcome, make_selector, run_search
+from kernelevolve.settings import BASELINES, OptimizeConfig
 from kernelevolve.store import Store, StoreError, now
 
 log = logging.getLogger(__name__)
-
-
-# Candidates per screen batch by default on a GPU: a template family's neighbourhood of the best config, in one batch.
-SCREEN_BATCH = 32
-
-
-@dataclass(frozen=True)
-class OptimizeConfig:
-    device: str = "cpu"
-    proposers: tuple[str, ...] = ("template", "inductor")
-    selector: str = "greedy"
-    max_evals: int = 20
-    time_budget_s: float | None = None
-    target_speedup: float | None = None
-    stall: int | None = 10
-    timeout_s: float = 600.0
-    workers: int | None = None
-    trials: int = 3
-    timing_budget_ms: float = 1000.0
-    profile: bool = True
-    proposer_options: dict[str, Any] = field(default_factory=dict)  # see make_proposers; never holds a key
-    executor: str = "local"  # "local" (engine/local.py) or "ray" (engine/ray.py)
-    ray_address: str | None = None
-    ray_retries: int = 2
-    # The screen: batches of this many candidates checked once and timed briefly, the fastest ``finalists`` of each
-    # then judged. None: on for CUDA (SCREEN_BATCH), off on the CPU, where Triton runs interpreted and untimed and
-    # the screen cannot rank; 0: off.
-    screen_batch: int | None = None
-    finalists: int = 2
-    # a batch's finalists after its fastest are judged only where the judge's time of an earlier one is off what its
-    # screen time predicts by more than this fraction (or it failed there): SearchConfig.backup_agree; None judges
-    # every finalist
-    backup_agree: float | None = 0.05
-    max_screened: int | None = 480
-    screen_timeout_s: float = 120.0
-    screen_share: float = 0.6  # of time_budget_s, at most, spent screening
-    # once the search stops, judge what the screen or a baseline already timed faster than the best (at most
-    # ``finalists`` evaluations, past --time-budget): SearchConfig.closing
-    closing: bool = True
-    # the user's kernels the run starts from (--start): {"name": the file's name, "source": its text}, each judged
-    # first, a root of the tree, and tuned by the start proposer
-    starts: tuple[dict[str, str], ...] = ()
-    # hardware counters (ncu) of the reference, the start kernels and the best, on CUDA where ncu is on the PATH
-    counters: bool = True
-    # the clock that ranks kernels: "call" (the latency of a call from Python) or "graph" (CUDA-graph replay)
-    timing: str = "call"
-    # before the run answers, its winner and the baselines timed in interleaved rounds (evaluate/headtohead.py):
-    # the speedups it reports come from those rounds, and a winner not faster beyond their noise loses
-    head_to_head: bool = True
-    # the baselines the winner meets there (headtohead.SIDES); eager and compiled only where the baseline timed them
-    rivals: tuple[str, ...] = BASELINES
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def screen_size(self) -> int:
-        """Candidates per screen batch, 0 when the screen is off."""
-        if self.screen_batch is not None:
-            return max(0, self.screen_batch)
-        return SCREEN_BATCH if self.device == "cuda" else 0
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "OptimizeConfig":
-        d = dict(d)
-        d["proposers"] = tuple(d.get("proposers", ("inductor",)))
-        d["starts"] = tuple(d.get("starts", ()))
-        d["rivals"] = tuple(d.get("rivals", BASELINES))
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 class StartError(Exception):

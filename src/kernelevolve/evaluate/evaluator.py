@@ -20,7 +20,7 @@ import torch
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate import devshare
 from kernelevolve.evaluate.checks import compare_outputs
-from kernelevolve.evaluate.headtohead import (BASELINES, CANDIDATE, COMPILE_OPTIONS, CPU_MARGIN, GPU_FLOOR_MS, MARGIN,
+from kernelevolve.evaluate.headtohead import (CANDIDATE, COMPILE_OPTIONS, CPU_MARGIN, GPU_FLOOR_MS, MARGIN,
                                               SIDES, HeadToHead, decide)
 from kernelevolve.evaluate.mismatch import mismatch_details
 from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
@@ -28,6 +28,7 @@ from kernelevolve.evaluate.result import Baseline, Result, Status, Timing
 from kernelevolve.evaluate.timing import TimingConfig, loop_ms
 from kernelevolve.problem import (Problem, StateSlots, as_outputs, build_model, import_module_from_path,
                                  input_specs, make_inputs)
+from kernelevolve.settings import BASELINES
 
 log = logging.getLogger(__name__)
 Buffer = bytes | bytearray | memoryview

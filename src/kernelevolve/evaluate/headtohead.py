@@ -15,9 +15,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 CANDIDATE = "candidate"
-# The sides a run's winner meets by default, by the Baseline field that timed each; "compiled" is torch.compile's
-# default mode. "max_autotune" (torch.compile max-autotune without CUDA graphs) may be asked for too.
-BASELINES = ("eager", "compiled")
 # torch.compile's Inductor options of each compiled side (the inductor proposer's seeds use the same)
 COMPILE_OPTIONS: dict[str, dict[str, Any]] = {
     "compiled": {}, "max_autotune": {"max_autotune": True, "coordinate_descent_tuning": True}}

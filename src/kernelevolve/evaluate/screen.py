@@ -41,6 +41,7 @@ from kernelevolve.evaluate.process import Child, ChildDied, ChildTimeout
 from kernelevolve.evaluate.result import ScreenResult, Status
 from kernelevolve.evaluate.timing import TimingConfig
 from kernelevolve.problem import input_specs
+from kernelevolve.settings import DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ ERROR_CHARS = 4000
 
 @dataclass(frozen=True)
 class ScreenConfig:
-    timeout_s: float = 120.0  # per candidate and stage: a compile with autotuning takes tens of seconds
+    timeout_s: float = DEFAULTS.screen_timeout_s  # per candidate and stage: an autotuning compile takes tens of s
     template_timeout_s: float = 30.0  # a template candidate's, on the GPU: one configuration compiles in seconds
     parallel: int | None = None  # check processes; None: from the CPU cores and the free device memory
     timing: TimingConfig = field(default_factory=lambda: TimingConfig(budget_ms=25.0, warmup_ms=5.0, min_reps=3,

@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from kernelevolve.settings import DEFAULTS
+
 _perf = time.perf_counter
 _process_time = time.process_time
 try:
@@ -51,7 +53,7 @@ FLUSH_BYTES = {"cuda": 256 << 20, "cpu": 64 << 20}
 
 @dataclass(frozen=True)
 class TimingConfig:
-    budget_ms: float = 1000.0  # time spent in measured repetitions, roughly
+    budget_ms: float = DEFAULTS.timing_budget_ms  # time spent in measured repetitions, roughly
     warmup_ms: float = 100.0
     min_reps: int = 5
     max_reps: int = 1000

@@ -15,6 +15,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
+from kernelevolve.settings import DEFAULT_DB
+
 PROBLEM = '''"""{name}: a live model given to kernelevolve.optimize_model, saved in {saved}."""
 from pathlib import Path
 
@@ -72,7 +74,7 @@ def write_problem(model: nn.Module, inputs: Sequence[Any] | Callable[[], Sequenc
 
 
 def optimize_live(model: nn.Module, inputs: Sequence[Any] | Callable[[], Sequence[Any]], *,
-                  out: str | Path = "kernelevolve-model", db: str | Path = "kernelevolve.db",
+                  out: str | Path = "kernelevolve-model", db: str | Path = DEFAULT_DB,
                   device: str | None = None, time_budget_s: float = 600.0, min_share: float | None = None,
                   hosts: Sequence[str] | None = None, on_stage: Callable[[str], None] = lambda s: None,
                   **options: Any) -> Any:

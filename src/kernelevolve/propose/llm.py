@@ -28,6 +28,7 @@ from kernelevolve.candidate import Candidate, Meta
 from kernelevolve.propose.base import ProposalContext
 from kernelevolve.propose.prompt import Prompt, PromptInputs, build_prompt, describe_inputs, extract_code, language_of
 from kernelevolve.rows import Experience, Node
+from kernelevolve.settings import PROMPT_TOKENS
 from kernelevolve.spend import SpendLimits
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class PromptedProposer:
     examples_from_any = True  # the loop hands it earlier winners of every proposer, as worked examples
 
     def __init__(self, device: str, seed: int | None = None, knowledge_dirs: Sequence[str | Path] = (),
-                 prompts_dir: str | None = None, budget_tokens: int = 12000, expand: ExpandConfig = ExpandConfig(),
+                 prompts_dir: str | None = None, budget_tokens: int = PROMPT_TOKENS, expand: ExpandConfig = ExpandConfig(),
                  concurrency: int = 1, limits: SpendLimits = SpendLimits()):
         self.device = device
         self.rng = random.Random(seed)

@@ -8,6 +8,7 @@ from enum import Enum
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.rows import Node
+from kernelevolve.settings import DEFAULTS
 
 # Proposals in a row that repeat a source the run already holds, after which the proposers count as exhausted.
 MAX_REPEATS = 100
@@ -29,25 +30,25 @@ CLOSING_MARGIN = 0.02
 
 @dataclass(frozen=True)
 class SearchConfig:
-    max_evals: int = 20
+    max_evals: int = DEFAULTS.max_evals
     time_budget_s: float | None = None  # counted from the first proposal, so that it buys evaluations
     target_speedup: float | None = None  # against eager
-    stall: int | None = 10  # evaluations without a new best (a screen batch that sends none on counts as one)
+    stall: int | None = DEFAULTS.stall  # evaluations without a new best (a screen batch that sends none on counts as one)
     pipeline: bool = True  # ask for the next batch while every worker is busy, rather than when one is free
     # The screen (evaluate/screen.py): candidates are checked once and timed briefly in batches of this many, and only
     # the fastest ``finalists`` of a batch go on to the judge; 0 judges every candidate. Past ``max_screened`` screened
     # candidates, the rest are judged directly.
     screen_batch: int = 0
-    finalists: int = 2
+    finalists: int = DEFAULTS.finalists
     # A batch's finalists after its fastest are backups: judged only if an earlier one failed the judge or was timed
     # there more than this fraction off what its screen time predicts (the screen's ranking then in doubt; see
     # policy.screen_agrees); None judges them all.
-    backup_agree: float | None = 0.05
-    max_screened: int | None = 480
-    screen_share: float = 0.6  # of --time-budget, at most, spent screening; the rest is the judge's
+    backup_agree: float | None = DEFAULTS.backup_agree
+    max_screened: int | None = DEFAULTS.max_screened
+    screen_share: float = DEFAULTS.screen_share  # of --time-budget, at most, spent screening; the rest is the judge's
     # After the budget (or a stall, or the proposers' end): judge what is already known to beat the best, at most
     # ``finalists`` evaluations (see policy.closing_picks)
-    closing: bool = True
+    closing: bool = DEFAULTS.closing
 
 
 @dataclass(frozen=True)
