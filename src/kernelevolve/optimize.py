@@ -22,6 +22,7 @@ from kernelevolve.machine import here, versions
 from kernelevolve.report import write_outputs
 from kernelevolve.rows import Node, Run
 from kernelevolve.search import SearchConfig, SearchOutcome, make_selector, run_search
+from kernelevolve.search.protocols import RunPool
 from kernelevolve.settings import BASELINES, OptimizeConfig
 from kernelevolve.store import Store, StoreError, now
 
@@ -85,7 +86,7 @@ def optimize(problem_path: str | Path, cfg: OptimizeConfig, store: Store, out_di
         pool.shutdown(wait=False)
 
 
-def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path, run: Run, pool: Any,
+def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path, run: Run, pool: RunPool,
               on_result: Callable[[Node, Result], None] | None,
               on_stage: Callable[[str], None], on_screen: Callable[[int, int], None] | None = None) -> RunOutcome:
     run_id = run.id
@@ -144,8 +145,9 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
             store.update_run(run_id, head_to_head=h2h)
     pool.shutdown()
     if outcome.best is not None and not outcome.best.meta.get("start"):
-        profile = _diagnose(problem, cfg, profile, [(f"best (node {outcome.best.id})", outcome.best.source)],
-                            on_stage)
+        lost = h2h is not None and not h2h.error and not h2h.wins  # best.py is then a baseline's kernel
+        label = f"{'fastest candidate' if lost else 'best'} (node {outcome.best.id})"
+        profile = _diagnose(problem, cfg, profile, [(label, outcome.best.source)], on_stage)
         if profile is not None:
             store.update_run(run_id, profile=profile)
     store.update_run(run_id, status="finished", finished=now(), stop_reason=outcome.stop_reason, phases=phases)
@@ -155,7 +157,7 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     return RunOutcome(run_id, outcome, baseline, best, files, why, phases, starts, h2h)
 
 
-def _head_to_head(best: Node | None, baseline: Baseline | None, rivals: tuple[str, ...], pool: Any,
+def _head_to_head(best: Node | None, baseline: Baseline | None, rivals: tuple[str, ...], pool: RunPool,
                   on_stage: Callable[[str], None]) -> HeadToHead | None:
     """The winner and its rivals in interleaved rounds, where there is a timed winner and a timed baseline."""
     timed = [b for b in BASELINES if baseline is not None and getattr(baseline, b) is not None]
@@ -203,7 +205,7 @@ def _diagnose(problem: Problem, cfg: OptimizeConfig, profile: Profile | None,
     return replace(profile, counters=counters)
 
 
-def _judge_starts(problem: Problem, cfg: OptimizeConfig, store: Store, run: Run, pool: Any,
+def _judge_starts(problem: Problem, cfg: OptimizeConfig, store: Store, run: Run, pool: RunPool,
                   on_stage: Callable[[str], None], on_result: Callable[[Node, Result], None] | None) -> list[Node]:
     """Judge each start kernel before the baselines and the search (a resumed run's are judged already): each
     becomes a root of the tree. One that fails the judge ends the run with StartError."""

@@ -71,8 +71,9 @@ class Profile:
     eager_ms: float
     top_ops: list[dict[str, Any]]  # {name, self_ms (per forward), pct, calls (per forward)}
     notes: list[str]
-    # hardware counters by target ("reference", "start: FILE", "best (node N)"): {"kernels": [KernelCounters as
-    # dicts]} or {"error": one line}; empty where ncu was not run (kernelevolve.counters)
+    # hardware counters by target ("reference", "start: FILE", "best (node N)", or "fastest candidate (node N)" where
+    # a baseline won the head to head): {"kernels": [KernelCounters as dicts]} or {"error": one line}; empty where ncu
+    # was not run (kernelevolve.counters)
     counters: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

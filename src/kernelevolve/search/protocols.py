@@ -3,16 +3,17 @@ that only some of them have is a Protocol of its own, checked with ``isinstance`
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate.result import Result, ScreenResult
+from kernelevolve.evaluate.headtohead import HeadToHead
+from kernelevolve.evaluate.result import Baseline, Result, ScreenResult
 from kernelevolve.problem import Problem
 from kernelevolve.propose.base import Proposer
 from kernelevolve.rows import Node
 from kernelevolve.store import Store
 
-__all__ = ["Cancelling", "Judge", "Observing", "Pool", "Proposer", "Recording", "Screen", "Stopping", "Warming",
+__all__ = ["Cancelling", "Judge", "Observing", "Pool", "Proposer", "Recording", "RunPool", "Screen", "Stopping", "Warming",
            "WithExamples", "WithFallbacks", "Weighted", "examples_from_any", "weight"]
 
 
@@ -24,6 +25,22 @@ class Judge(Protocol):
 
 class Pool(Judge, Protocol):
     workers: int  # evaluations it runs at once
+
+
+class RunPool(Pool, Protocol):
+    """What a whole run asks of the pool beyond the search's part: the baselines, the closing head to head, the end."""
+
+    def baseline(self, compiled: bool = True) -> Baseline:
+        """Time the reference in eager (and under torch.compile when ``compiled``)."""
+        ...
+
+    def head_to_head(self, candidate: Candidate, sides: Sequence[str]) -> HeadToHead:
+        """Time ``candidate`` against the named baselines in interleaved rounds."""
+        ...
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop its workers."""
+        ...
 
 
 @runtime_checkable
