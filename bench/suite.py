@@ -215,15 +215,21 @@ def fill_speedups(row: dict[str, Any]) -> None:
                                               or (row["speedup_eager"] or 0) > SUSPECT_SPEEDUP))
 
 
+def row_device(device: str) -> str:
+    """The card a row is measured on."""
+    import torch
+    return torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else device
+
+
 def run_problem(path: Path, cfg: SuiteConfig, store: Any) -> dict[str, Any]:
     from kernelevolve.optimize import optimize
     from kernelevolve.problem import load_problem
 
     t0 = time.monotonic()
-    # the code that wrote the row (rows of one file may come from several resumed calls): BENCH_COMMIT, as
-    # bench/gpu_all.sh sets it
+    # the code and the card that wrote the row (rows of one file may come from several resumed calls, on different
+    # cards): BENCH_COMMIT, as bench/gpu_all.sh sets it
     row: dict[str, Any] = {"problem": path.stem, "status": "error", "notes": [],
-                           "commit": os.environ.get("BENCH_COMMIT")}
+                           "commit": os.environ.get("BENCH_COMMIT"), "device_name": row_device(cfg.device)}
     try:
         src = write_small_copy(path, cfg.out_dir / "small") if cfg.small else path
         problem = load_problem(src, cfg.device)

@@ -111,3 +111,24 @@ def test_kill_9_then_resume_loses_nothing(tmp_path: Path) -> None:
     assert runs == (1, "finished")
     assert len(shas) == len(set(shas)), "a source was stored twice"
     assert (out / "best.py").is_file()
+
+
+def test_quick_start_answers_with_a_verified_kernel_faster_than_eager(tmp_path: Path) -> None:
+    """The README's quick-start run, as written there, on the CPU: a verified answer that beats eager head to head."""
+    import re
+    import shlex
+
+    line = next(l for l in (ROOT / "README.md").read_text().splitlines() if "kernelevolve optimize examples/" in l)
+    argv = shlex.split(line[line.index("kernelevolve optimize"):])[1:]
+    argv[1] = str(ROOT / argv[1])
+    proc = subprocess.run(CLI + argv + ["--device", "cpu", "--db", str(tmp_path / "ke.db"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=1200, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = " ".join(proc.stdout.split())  # the console wraps long lines
+    assert "CPU run:" in text
+    answer = re.search(r"(?:answer|best) \(.*?\): [^;]*; speedup ([0-9.]+)x vs eager", text)
+    assert answer, text
+    assert float(answer.group(1)) > 1.0, text
+    check = subprocess.run(CLI + ["check", argv[1], str(tmp_path / "out" / "best.py"), "--no-baseline", "--json"] + FAST,
+                           capture_output=True, text=True, timeout=600)
+    assert check.returncode == 0 and '"status": "ok"' in check.stdout, check.stdout + check.stderr
