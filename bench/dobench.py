@@ -3,11 +3,14 @@
     PYTHONPATH=src python3 bench/dobench.py PROBLEM.py out/best.py [--json out.json]
 
 The problem's Model and the file's ModelNew are built from the problem's init inputs, ModelNew given Model's weights
-(its state_dict, where the entries agree), both called on the problem's own get_inputs() on the GPU, with no grad, as a
-user would call them. Each is timed with ``triton.testing.do_bench`` (the L2 flushed before each call, CUDA events
-around it, the median), three times in turn (eager, the file, eager, ...), and the median of the three kept. The
-judge's harness is not involved: this is the check of its clock that every benchmark row carries (bench/suite.py,
-bench/kernelbench.py). Prints one JSON object.
+(its state_dict, where the entries agree), both called on the problem's own get_inputs() on the GPU as the judge calls
+them: with no grad, in the modules' own mode (not switched to eval: KernelBench's BatchNorm uses the batch's
+statistics), and with the precision the problem declares (TF32 off for matmuls and cuDNN convolutions unless the file
+sets ``ALLOW_TF32 = True``; PyTorch's own default runs cuDNN convolutions in TF32, a different and 2-5x faster
+computation for fp32 transposed convolutions). Each is timed with ``triton.testing.do_bench`` (the L2 flushed before
+each call, CUDA events around it, the median), three times in turn (eager, the file, eager, ...), and the median of
+the three kept. The judge's harness is not involved: this is the check of its clock that every benchmark row carries
+(bench/suite.py, bench/kernelbench.py). Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -30,16 +33,20 @@ def _module(path: Path, name: str) -> Any:
     return module
 
 
-def measure(problem_path: Path, kernel_path: Path, device: str = "cuda") -> dict[str, Any]:
+def measure(problem_path: Path, kernel_path: Path, device: str = "cuda", tf32: bool | None = None) -> dict[str, Any]:
+    """``tf32``: None for the problem's own declaration (``ALLOW_TF32``, off by default), or force it on or off."""
     import torch
     import triton.testing
 
     problem = _module(problem_path, "dobench_problem")
     kernel = _module(kernel_path, "dobench_kernel")
+    tf32 = bool(getattr(problem, "ALLOW_TF32", False)) if tf32 is None else tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     torch.manual_seed(0)
     init = problem.get_init_inputs()
-    ref = problem.Model(*init).to(device).eval()
-    new = kernel.ModelNew(*init).to(device).eval()
+    # the modules' own mode, as the judge calls them (KernelBench's convention: a BatchNorm uses the batch's statistics)
+    ref = problem.Model(*init).to(device)
+    new = kernel.ModelNew(*init).to(device)
     if set(new.state_dict()) == set(ref.state_dict()):
         new.load_state_dict(ref.state_dict())
     inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in problem.get_inputs()]
@@ -53,7 +60,7 @@ def measure(problem_path: Path, kernel_path: Path, device: str = "cuda") -> dict
                 times[name].append(float(triton.testing.do_bench(lambda m=model: m(*inputs), return_mode="median")))
     eager, best = statistics.median(times["eager"]), statistics.median(times["kernel"])
     return {"eager_ms": eager, "kernel_ms": best, "speedup_eager": eager / best if best > 0 else None,
-            "rounds_ms": times, "torch": torch.__version__, "triton": triton.__version__}
+            "rounds_ms": times, "tf32": tf32, "torch": torch.__version__, "triton": triton.__version__}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("problem", type=Path)
     ap.add_argument("kernel", type=Path, help="a candidate file (ModelNew), e.g. a run's best.py")
     ap.add_argument("--json", type=Path, help="also write the object here")
+    ap.add_argument("--tf32", choices=("problem", "on", "off"), default="problem",
+                    help="TF32 for matmuls and cuDNN convolutions: as the problem declares (default, as the judge), on "
+                         "(PyTorch's default for convolutions) or off")
     args = ap.parse_args(argv)
-    out = measure(args.problem.resolve(), args.kernel.resolve())
+    tf32 = {"problem": None, "on": True, "off": False}[args.tf32]
+    out = measure(args.problem.resolve(), args.kernel.resolve(), tf32=tf32)
     text = json.dumps(out)
     if args.json:
         args.json.write_text(text + "\n")

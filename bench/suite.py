@@ -339,6 +339,17 @@ def fill_head_to_head(row: dict[str, Any], run: Any) -> None:
     if not h2h.wins:
         row.update(best_proposer="baseline", best_label=h2h.answer)
         row["notes"].append(h2h.line())
+        baseline_clocks(row, run.baseline, h2h.answer)
+
+
+def baseline_clocks(row: dict[str, Any], base: Any, side: str) -> None:
+    """Where a baseline answers, the row's clocks are that baseline's (eager and torch.compile were timed by the same
+    rule as the candidates); the judged candidate's stay beside them. max-autotune's figure has no clocks of its own."""
+    if "fastest_candidate_clocks" not in row and row.get("clocks"):
+        row["fastest_candidate_clocks"] = row["clocks"]
+    timing = getattr(base, {"eager": "eager", "compile": "compiled", "compiled": "compiled"}.get(side, ""), None) \
+        if base is not None else None
+    row["clocks"] = timing.clocks() if timing is not None else None
 
 
 def fill_row(row: dict[str, Any], store: Any, run_id: int) -> None:
@@ -361,6 +372,7 @@ def fill_row(row: dict[str, Any], store: Any, run_id: int) -> None:
         side = min(timed, key=timed.__getitem__)
         row.update(kernelevolve_ms=timed[side], best_proposer="baseline", best_label=side,
                    fastest_candidate_ms=row["kernelevolve_ms"])
+        baseline_clocks(row, base, side)
         row["notes"].append(f"no candidate beat {side}: the run returned its kernel")
     fill_speedups(row)
     fill_head_to_head(row, run)

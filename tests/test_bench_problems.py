@@ -175,3 +175,20 @@ def test_a_rows_speedups_come_from_its_head_to_head_and_the_do_bench_check(tmp_p
     assert row["do_bench"]["speedup_eager"] == 1.8 and row["clock_ratio"] == pytest.approx(2.0 / 1.8)
     assert row["clocks_disagree"] and "clocks disagree" in row["notes"][-1]
     assert suite.summarize([row])["clocks_disagree"] == 1
+
+
+def test_a_baseline_answer_carries_the_baselines_clocks_not_the_losing_candidates() -> None:
+    from types import SimpleNamespace
+
+    from kernelevolve.evaluate.headtohead import CANDIDATE, decide
+    from kernelevolve.evaluate.result import Timing
+
+    candidate = {"call_ms": 13.6, "device_ms": 13.6, "host_ms": 0.36}
+    row = {"kernelevolve_ms": 13.6, "speedup_eager": 0.17, "notes": [], "clocks": candidate}
+    eager = Timing(median_ms=2.27, min_ms=2.2, max_ms=2.3, reps=10, method="cuda-events", call_ms=2.27, device_ms=2.26,
+                   host_ms=0.05)
+    h2h = decide({CANDIDATE: [13.6] * 10, "eager": [2.27] * 10, "compiled": [13.6] * 10})
+    run = SimpleNamespace(head_to_head=h2h, baseline=SimpleNamespace(eager=eager, compiled=None))
+    suite.fill_head_to_head(row, run)
+    assert row["best_proposer"] == "baseline" and row["best_label"] == "eager"
+    assert row["clocks"]["device_ms"] == 2.26 and row["fastest_candidate_clocks"] == candidate

@@ -230,6 +230,10 @@ def test_the_hardware_counters_say_what_limits_the_kernel_a_step_starts_from(pin
                       source=GOOD)
     assert "What limits" not in build_prompt("improve", with_counters, parent=start).user  # its counters failed
     assert "What limits" not in build_prompt("scratch", pin).user  # no counters read
+    # a run whose head to head kept a baseline reads its fastest candidate's counters under that name
+    lost = {"fastest candidate (node 4)": {"kernels": [{"name": "fused_kernel", "duration_us": 90.0, "why": why}]}}
+    p = build_prompt("improve", replace(pin, profile=replace(pin.profile, counters=lost)), parent=node(4, GOOD, ms=2.0))
+    assert "## What limits the candidate to start from (hardware counters)" in p.user and "fused_kernel" in p.user
 
 
 def test_improve_states_the_parents_time_and_names_nodes_by_id(pin):

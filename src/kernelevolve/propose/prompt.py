@@ -153,7 +153,7 @@ def what_limits(profile: Profile | None, parent: Node | None) -> tuple[str, str]
         key, whose = f"start: {parent.meta['start']}", "the candidate to start from"
     else:
         key, whose = f"best (node {parent.id})", "the candidate to start from"
-    got = counters.get(key) or counters.get(f"fastest candidate (node {parent.id})") or {}
+    got = counters.get(key) or (parent is not None and counters.get(f"fastest candidate (node {parent.id})")) or {}
     kernels = sorted(got.get("kernels") or [], key=lambda k: -(k.get("duration_us") or 0.0))[:3]
     if not kernels:
         return None
