@@ -105,6 +105,32 @@ def get_init_inputs():
     return []
 '''
 
+# a model's plain tensor attribute (not a parameter or buffer), copied into each call as KernelBench's VanillaRNN
+# does: a traced constant too large to embed in a file, whose values are never read
+STATEFUL = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.randn(4, 20000)
+        self.i2h = nn.Linear(8 + 20000, 16)
+
+    def forward(self, x, h0):
+        self.hidden.copy_(h0)
+        return torch.tanh(self.i2h(torch.cat((x, self.hidden), dim=1)))
+
+
+def get_inputs():
+    return [torch.randn(4, 8), torch.randn(4, 20000)]
+
+
+def get_init_inputs():
+    return []
+'''
+
 
 def _model(tmp_path: Path, source: str):
     path = tmp_path / "model.py"
@@ -162,7 +188,7 @@ def test_times_add_up_to_the_model(tmp_path: Path) -> None:
     assert sum(r.share for r in rows) == pytest.approx(1.0, rel=1e-6)
 
 
-@pytest.mark.parametrize("source", [BLOCKS, BAGS, CONV], ids=["blocks", "bags", "conv"])
+@pytest.mark.parametrize("source", [BLOCKS, BAGS, CONV, STATEFUL], ids=["blocks", "bags", "conv", "stateful"])
 def test_a_region_file_computes_the_region_on_the_models_own_inputs(tmp_path: Path, source: str) -> None:
     problem, graph = _model(tmp_path, source)
     part = partition(graph, problem, "cpu")

@@ -219,9 +219,11 @@ def _keep(t):
 
 
 def _const_hint(n: fx.Node) -> str:
-    """Whether a node's arguments name a device (written as ``_dev``)."""
+    """Whether a node names a device (written as ``_dev``): a device argument, or a traced constant made on it."""
     import torch
 
+    if n.op == "get_attr":
+        return "_dev"
     leaves = [*n.args, *n.kwargs.values()]
     return "_dev" if any(isinstance(a, torch.device) for a in leaves) else ""
 

@@ -88,6 +88,9 @@ def _units(graph: CapturedGraph, matches: list[Match]) -> list[Any]:
     return out
 
 
+_COPIES = (torch.ops.aten.copy_.default, torch.ops.aten.copy.default)
+
+
 def _tensor_const(t: torch.Tensor) -> str:
     if t.numel() > MAX_EMBEDDED_CONST:
         raise TemplateError(f"a traced constant of {t.numel()} elements is too large to embed")
@@ -99,7 +102,12 @@ def node_line(gm: fx.GraphModule, n: fx.Node, name: "Namer") -> str:
     ``name``; a traced constant is embedded."""
     var = name(n)
     if n.op == "get_attr":
-        return f"{var} = {_tensor_const(getattr(gm, n.target))}"
+        t = getattr(gm, n.target)
+        if n.users and all(u.target in _COPIES and u.args[0] is n for u in n.users):
+            # only ever copied into (a model's plain tensor attribute it overwrites, as a stateful RNN does): its
+            # values are never read, so any tensor of its shape and dtype will do, however large
+            return f"{var} = torch.empty({list(t.shape)!r}, dtype={t.dtype}, device=_dev)"
+        return f"{var} = {_tensor_const(t)}"
     if n.target is operator.getitem:
         return f"{var} = {name.value(n.args[0])}[{n.args[1]}]"
     if isinstance(n.target, torch._ops.OpOverload):
