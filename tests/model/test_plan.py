@@ -31,6 +31,12 @@ def test_a_model_plan_writes_one_problem_per_distinct_region(tmp_path: Path) -> 
     assert saved["regions"] == 7 and len(saved["problems"]) == 3
     assert "Region r0" in plan.groups[0].path.read_text().splitlines()[0]
 
+    # problems too small to matter are written and listed, but not loaded to place them on the roofline
+    plan = plan_model(path, "cpu", tmp_path / "again", budget_s=60.0, min_share=0.5)
+    small = [g for g in plan.groups if g.ms / plan.times.total_ms < 0.5]
+    assert small and all(g.floor_ms is None and g.share.why.startswith("left alone") and g.path.exists()
+                         for g in small)
+
 
 def test_a_model_that_cannot_be_captured_says_so(tmp_path: Path) -> None:
     path = tmp_path / "bad.py"

@@ -114,8 +114,11 @@ def plan_model(path: str | Path, device: str, out_dir: Path, budget_s: float = 0
             notes.append(f"{first.name} ({first.kind} at {first.where}) not written: {type(e).__name__}: {e}"[:300])
             continue
         groups.append(ProblemGroup(regions, file, sum(r.time_ms for r in regions)))
-    on_stage(f"placing {len(groups)} problems on the roofline")
-    for g in groups:
+    # the floor only shares the budget among problems that matter: loading a region file builds the whole model, so
+    # the many small problems of a long model (an unrolled RNN's 256 time steps) are not loaded for it
+    big = [g for g in groups if times.total_ms > 0 and g.ms / times.total_ms >= min_share]
+    on_stage(f"placing {len(big)} problems on the roofline")
+    for g in big:
         try:
             g.floor_ms = profile_problem(load_problem(g.path, device), device).floor_ms * len(g.regions)
         except (ProblemError, Exception) as e:  # a region whose file fails to load is a bug: say so, go on
