@@ -347,8 +347,7 @@ def baseline_clocks(row: dict[str, Any], base: Any, side: str) -> None:
     rule as the candidates); the judged candidate's stay beside them. max-autotune's figure has no clocks of its own."""
     if "fastest_candidate_clocks" not in row and row.get("clocks"):
         row["fastest_candidate_clocks"] = row["clocks"]
-    timing = getattr(base, {"eager": "eager", "compile": "compiled", "compiled": "compiled"}.get(side, ""), None) \
-        if base is not None else None
+    timing = getattr(base, {"compile": "compiled"}.get(side, side), None)  # a Baseline has no max_autotune
     row["clocks"] = timing.clocks() if timing is not None else None
 
 

@@ -146,7 +146,7 @@ def _optimize(problem: Problem, cfg: OptimizeConfig, store: Store, out_dir: Path
     pool.shutdown()
     if outcome.best is not None and not outcome.best.meta.get("start"):
         lost = h2h is not None and not h2h.error and not h2h.wins  # best.py is then a baseline's kernel
-        label = f"{'fastest candidate' if lost else 'best'} (node {outcome.best.id})"
+        label = Profile.counters_key(outcome.best.id, lost)
         profile = _diagnose(problem, cfg, profile, [(label, outcome.best.source)], on_stage)
         if profile is not None:
             store.update_run(run_id, profile=profile)

@@ -79,6 +79,12 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @staticmethod
+    def counters_key(node_id: int, baseline_won: bool = False) -> str:
+        """The key of a judged candidate's counters: ``best (node N)``, or ``fastest candidate (node N)`` where a
+        baseline won the head to head and best.py is that baseline's kernel."""
+        return f"{'fastest candidate' if baseline_won else 'best'} (node {node_id})"
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
         known = {f.name for f in fields(cls)}

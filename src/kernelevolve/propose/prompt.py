@@ -12,15 +12,13 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from kernelevolve.problem import Problem, import_module_from_path
+from kernelevolve.profile import Profile
 from kernelevolve.rows import Node
-
-if TYPE_CHECKING:
-    from kernelevolve.profile import Profile
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 STRATEGIES = ("scratch", "improve", "repair", "contrast")
@@ -152,8 +150,8 @@ def what_limits(profile: Profile | None, parent: Node | None) -> tuple[str, str]
     elif parent.meta.get("start"):
         key, whose = f"start: {parent.meta['start']}", "the candidate to start from"
     else:
-        key, whose = f"best (node {parent.id})", "the candidate to start from"
-    got = counters.get(key) or (parent is not None and counters.get(f"fastest candidate (node {parent.id})")) or {}
+        key, whose = Profile.counters_key(parent.id), "the candidate to start from"
+    got = counters.get(key) or (parent is not None and counters.get(Profile.counters_key(parent.id, True))) or {}
     kernels = sorted(got.get("kernels") or [], key=lambda k: -(k.get("duration_us") or 0.0))[:3]
     if not kernels:
         return None
