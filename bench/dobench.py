@@ -10,7 +10,8 @@ sets ``ALLOW_TF32 = True``; PyTorch's own default runs cuDNN convolutions in TF3
 computation for fp32 transposed convolutions). Each is timed with ``triton.testing.do_bench`` (the L2 flushed before
 each call, CUDA events around it, the median), three times in turn (eager, the file, eager, ...), and the median of
 the three kept. The judge's harness is not involved: this is the check of its clock that every benchmark row carries
-(bench/suite.py, bench/kernelbench.py). Prints one JSON object.
+(bench/suite.py, bench/kernelbench.py). With ``--device cpu`` the calls are timed with ``time.perf_counter`` (the
+median of 50), since do_bench needs CUDA. Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import importlib.util
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,18 @@ def _module(path: Path, name: str) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _cpu_bench(fn: Any, return_mode: str = "median", warmup: int = 3, reps: int = 50) -> float:
+    """do_bench's figure on the CPU, where it cannot run (it needs CUDA): the median of ``reps`` timed calls, in ms."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
 
 
 def measure(problem_path: Path, kernel_path: Path, device: str = "cuda", tf32: bool | None = None) -> dict[str, Any]:
@@ -54,10 +68,12 @@ def measure(problem_path: Path, kernel_path: Path, device: str = "cuda", tf32: b
     with torch.no_grad():
         for model in (ref, new):  # compile, autotune and load before any timing
             model(*inputs)
-        torch.cuda.synchronize()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        bench = triton.testing.do_bench if device == "cuda" else _cpu_bench
         for _ in range(ROUNDS):
             for name, model in (("eager", ref), ("kernel", new)):
-                times[name].append(float(triton.testing.do_bench(lambda m=model: m(*inputs), return_mode="median")))
+                times[name].append(float(bench(lambda m=model: m(*inputs), return_mode="median")))
     eager, best = statistics.median(times["eager"]), statistics.median(times["kernel"])
     return {"eager_ms": eager, "kernel_ms": best, "speedup_eager": eager / best if best > 0 else None,
             "rounds_ms": times, "tf32": tf32, "torch": torch.__version__, "triton": triton.__version__}
@@ -68,12 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("problem", type=Path)
     ap.add_argument("kernel", type=Path, help="a candidate file (ModelNew), e.g. a run's best.py")
     ap.add_argument("--json", type=Path, help="also write the object here")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: timed calls with time.perf_counter instead (do_bench needs CUDA)")
     ap.add_argument("--tf32", choices=("problem", "on", "off"), default="problem",
                     help="TF32 for matmuls and cuDNN convolutions: as the problem declares (default, as the judge), on "
                          "(PyTorch's default for convolutions) or off")
     args = ap.parse_args(argv)
     tf32 = {"problem": None, "on": True, "off": False}[args.tf32]
-    out = measure(args.problem.resolve(), args.kernel.resolve(), tf32=tf32)
+    out = measure(args.problem.resolve(), args.kernel.resolve(), args.device, tf32=tf32)
     text = json.dumps(out)
     if args.json:
         args.json.write_text(text + "\n")
