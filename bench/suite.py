@@ -629,6 +629,54 @@ def print_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
                   f"{_fmt_x(s['geomean_do_bench_speedup_eager'])} by do_bench)")
 
 
+ANSWERS = {"eager": "the reference", "compiled": "torch.compile's kernel", "compile": "torch.compile's kernel",
+           "max_autotune": "max-autotune's kernel"}
+
+
+def merged_rows(paths: list[Path]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each problem's row with its file's header, from several suite JSONs; a later file's row replaces an earlier one
+    of the same problem."""
+    out: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        head = {k: v for k, v in data.items() if k not in ("rows", "summary")}
+        for r in data["rows"]:
+            out[r["problem"]] = (r, head)
+    return [out[k] for k in sorted(out)]
+
+
+def markdown_table(paths: list[Path]) -> str:
+    """The rows of suite JSONs as a markdown table for bench/results/README.md: the answer, its call latency, the
+    run's and do_bench's speedups over eager and their ratio, the speedup over the best baseline, the answer's device,
+    host and graph times, and the card and commit of each row; the summary of the rows below it."""
+    pairs = merged_rows(paths)
+    lines = ["| problem | answer | ms | x eager (run) | x eager (do_bench) | ratio | x best baseline | device | host | "
+             "graph | launch-bound | card | commit |", "|" + "---|" * 13]
+    for r, head in pairs:
+        c = r.get("clocks") or {}
+        if r.get("best_proposer") == "baseline":
+            answer = ANSWERS.get(r.get("best_label"), f"{r.get('best_label')}'s kernel")
+        else:
+            answer = r.get("best_proposer") or r.get("status") or "—"
+        ratio = r.get("clock_ratio")
+        ratio_s = "—" if ratio is None else (f"**{ratio:.3f}**" if r.get("clocks_disagree") else f"{ratio:.3f}")
+        best = r.get("speedup_best_baseline")
+        best_s = "—" if best is None else f"{best:.2f} ({(r.get('best_baseline') or '').replace('_', '-')})"
+        card = (r.get("device_name") or head.get("device_name") or "—").replace("NVIDIA ", "")
+        lines.append(f"| {r['problem']} | {answer} | {_fmt_ms(r.get('kernelevolve_ms'))} | "
+                     f"{_fmt_x(r.get('speedup_eager'))} | {_fmt_x((r.get('do_bench') or {}).get('speedup_eager'))} | "
+                     f"{ratio_s} | {best_s} | {_fmt_ms(c.get('device_ms'))} | {_fmt_ms(c.get('host_ms'))} | "
+                     f"{_fmt_ms(c.get('graph_ms'))} | {'yes' if c.get('launch_bound') else ''} | {card} | "
+                     f"{r.get('commit') or '—'} |")
+    s = summarize([r for r, _ in pairs])
+    lines += ["", f"{s['problems']} problems: {s['verified']} verified, {s['at_least_best_baseline']} at >= 1.00x the "
+              f"best baseline; geomean {_fmt_x(s['geomean_speedup_best_baseline'])} over the best baseline, "
+              f"{_fmt_x(s['geomean_speedup_compile'])} over torch.compile, {_fmt_x(s['geomean_speedup_eager'])} over "
+              f"eager by the runs and {_fmt_x(s['geomean_do_bench_speedup_eager'])} by do_bench; "
+              f"{s['clocks_disagree']} of {s['do_bench_checked']} differ by more than {CLOCK_AGREEMENT:.0%}"]
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"))
@@ -648,6 +696,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--deadline-s", type=float, help="start no problem after this many seconds")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --json (and, with --again-s, in "
                     "its second file) and run only the problems they lack")
+    ap.add_argument("--markdown", nargs="+", type=Path, metavar="JSON", help="print the rows of these suite JSONs "
+                    "as one markdown table (a later file's row replaces an earlier one's); run nothing")
     ap.add_argument("--shard", help=argparse.SUPPRESS)  # I/N: run every N-th problem from I (set by --gpus)
     return ap.parse_args(argv)
 
@@ -665,6 +715,9 @@ def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.markdown:
+        print(markdown_table(args.markdown))
+        return 0
     sys.path.insert(0, str(HERE.parent / "src"))
     import torch
 

@@ -192,3 +192,27 @@ def test_a_baseline_answer_carries_the_baselines_clocks_not_the_losing_candidate
     suite.fill_head_to_head(row, run)
     assert row["best_proposer"] == "baseline" and row["best_label"] == "eager"
     assert row["clocks"]["device_ms"] == 2.26 and row["fastest_candidate_clocks"] == candidate
+
+
+def test_the_markdown_table_merges_files_and_marks_disagreeing_clocks(tmp_path: Path) -> None:
+    import json
+
+    def row(problem: str, ratio: float, commit: str, **kw) -> dict:
+        return {"problem": problem, "best_proposer": "template", "kernelevolve_ms": 0.5, "speedup_eager": 2.0,
+                "speedup_best_baseline": 1.2, "best_baseline": "max_autotune", "clock_ratio": ratio,
+                "clocks_disagree": abs(ratio - 1) > suite.CLOCK_AGREEMENT, "commit": commit,
+                "do_bench": {"speedup_eager": 2.0 / ratio}, "clocks": {"device_ms": 0.4, "host_ms": 0.6,
+                                                                        "launch_bound": True}, **kw}
+
+    old = tmp_path / "old.json"
+    new = tmp_path / "new.json"
+    old.write_text(json.dumps({"device_name": "NVIDIA H200", "rows": [row("a", 1.2, "old"), row("b", 1.0, "old")]}))
+    new.write_text(json.dumps({"device_name": "NVIDIA H200", "rows": [
+        row("a", 1.01, "new", best_proposer="baseline", best_label="compiled")]}))
+    lines = suite.markdown_table([old, new]).splitlines()
+    a = next(line for line in lines if line.startswith("| a |"))
+    b = next(line for line in lines if line.startswith("| b |"))
+    assert "torch.compile's kernel" in a and "| new |" in a and "**" not in a  # the later file's row
+    assert "| old |" in b and "| yes |" in b and "| H200 |" in b
+    assert "2 problems" in lines[-1] and "0 of 2 differ" in lines[-1]
+    assert "**1.200**" in suite.markdown_table([old])
