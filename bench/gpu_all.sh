@@ -4,7 +4,7 @@
 # Usage: OUT=dir STEPS="tests screen experience suite wide load throughput kernelbench models report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
 #        LEVELS="1 2" SAMPLE=16 SEED=35 COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
-#        MODELS="dlrm mmoe" L3_SEED=36 MODELS_JSON=earlier-models.json \
+#        MODELS="dlrm mmoe" L3_SEED=36 MODELS_JSON=earlier-models.json MODEL_TIMEOUT=540 \
 #        NO_MAX_AUTOTUNE=1 JUDGE=3 BASELINE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json EXP_JSON=earlier-experience.json \
 #        COMMIT=abc1234 PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
@@ -93,12 +93,14 @@ for step in ${STEPS:-tests experience}; do
       python3 bench/kernelbench.py --markdown --json "$OUT/kernelbench.json" | tail -12 ;;
     models)
       # whole models (bench/models.py): the six of bench/models and the level-3 draw of L3_SEED, resumable:
-      # MODELS_JSON names an earlier call's rows to go on from; DEADLINE stops starting models; each model's run folder
+      # MODELS_JSON names an earlier call's rows to go on from; DEADLINE stops starting models; MODEL_TIMEOUT ends one
+      # model's run after that many seconds (its row says so), so that one model cannot take the whole call; each model's run folder
       # keeps its reports and best_model.py, its work folders and store dropped so that they come back
       [ -n "${MODELS_JSON:-}" ] && cp "$MODELS_JSON" "$OUT/models.json"
       # shellcheck disable=SC2086
       python3 bench/models.py --device cuda --budget-s "${BUDGET:-240}" --level3-seed "${L3_SEED:-36}" \
         ${MODELS:+--models $MODELS} ${KB_ROOT:+--level3-root $KB_ROOT/level3} ${DEADLINE:+--deadline-s $DEADLINE} \
+        ${MODEL_TIMEOUT:+--timeout $MODEL_TIMEOUT} \
         --json "$OUT/models.json" --out-dir "$OUT/models" 2>&1 | tee "$OUT/models.log" | tail -30
       find "$OUT/models" -name .work -type d -prune -exec rm -rf {} + ; rm -f "$OUT"/models/models.db* ;;
     report)

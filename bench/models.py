@@ -14,10 +14,12 @@ bench/models at their SMALL sizes (a CPU smoke run; its times mean nothing). Row
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -77,11 +79,17 @@ def run_model(path: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]
            "--proposer", args.proposer, "--timing-budget-ms", str(args.timing_budget_ms)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.monotonic()
+    # a session of its own, so that a run past --timeout goes with its screen and judge processes
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-        code, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
-    except subprocess.TimeoutExpired as e:
-        code, tail = None, f"timed out after {args.timeout:.0f} s: {str(e.stdout or '')[-2000:]}"
+        out_text, _ = proc.communicate(timeout=args.timeout)
+        code, tail = proc.returncode, out_text[-3000:]
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out_text, _ = proc.communicate()
+        code, tail = None, f"{out_text[-2000:]}\ntimed out after {args.timeout:.0f} s"
     row: dict[str, Any] = {"exit": code, "wall_s": round(time.monotonic() - t0, 1)}
     (out / "run.log").parent.mkdir(parents=True, exist_ok=True)
     (out / "run.log").write_text(tail)

@@ -58,3 +58,41 @@ def test_the_model_benchmark_runs_a_small_model_on_the_cpu(tmp_path: Path) -> No
     row = json.loads(out.read_text())["rows"][0]
     assert row["model"] == "mmoe" and row["status"] == "ok" and row["waterfall"], row
     assert row["problems"] and (tmp_path / "o" / "mmoe" / "best_model.py").exists()
+
+
+def test_a_model_past_its_timeout_is_stopped_with_its_processes_and_says_so(tmp_path: Path, monkeypatch) -> None:
+    """run_model ends a run at --timeout, its whole process group with it, and the row says it timed out."""
+    import argparse
+    import os
+    import sys
+    import time
+
+    import bench.models as models
+
+    pidfile = tmp_path / "child.pid"
+    script = tmp_path / "slow.py"  # stands in for the CLI: it starts a child of its own, as the screen and judge do
+    script.write_text("import subprocess, sys, time\n"
+                      "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                      f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+                      "print('working', flush=True)\ntime.sleep(60)\n")
+    real_popen = models.subprocess.Popen
+
+    def popen(cmd, **kw):
+        return real_popen([sys.executable, str(script)], **kw)
+
+    monkeypatch.setattr(models.subprocess, "Popen", popen)
+    args = argparse.Namespace(device="cpu", budget_s=1.0, out_dir=tmp_path, proposer="template",
+                              timing_budget_ms=10.0, timeout=3.0)
+    t0 = time.monotonic()
+    row = models.run_model(tmp_path / "model.py", args, tmp_path / "out")
+    assert time.monotonic() - t0 < 30
+    assert row["status"] == "failed" and row["exit"] is None and "timed out after 3 s" in row["why"]
+    grandchild = int(pidfile.read_text())
+    for _ in range(50):  # the grandchild went with the group
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the run's own child outlived the timeout")
