@@ -143,15 +143,21 @@ def test_the_reference_as_its_own_candidate_reads_one_on_the_cpu(tmp_path: Path,
     baseline's process paid page faults on every call the candidate's did not (4.8x for [512, 1000]). Two separate
     timings on a shared 2-core machine still differ by up to ~15%, and ~30% for a call of 0.05 ms that is mostly
     Python (where the buffers and the interpreter's own data lie after each flush): the head-to-head below is what
-    bounds that noise."""
+    bounds that noise. A pair that lands outside the bounds is timed twice more and the median of the three pairs
+    decides: the smallest call read 0.48x and 0.59x in single pairs on a quiet machine (and 0.83-1.13x in 18 pairs
+    around them), where a bias of the process, as the allocator's was, moves every pair."""
     source = PROBLEM.format(rows=rows, cols=cols)
     ev = evaluator(tmp_path, source, "cpu", 150.0)
-    r = ev.evaluate(as_candidate(source))
-    assert r.status is Status.OK and r.timed, (r.reason, r.error)
-    r = r.with_baseline(ev.baseline(compiled=False))
     # the smallest call is mostly Python, and read 0.69x once with a second test run sharing the two cores
     low = 0.6 if rows * cols < 1 << 13 else 0.7
-    assert low < r.speedup_eager < 1 / low, (r.runtime_ms, r.speedup_eager)
+    ratios = []
+    for _ in range(3):
+        r = ev.evaluate(as_candidate(source))
+        assert r.status is Status.OK and r.timed, (r.reason, r.error)
+        ratios.append(r.with_baseline(ev.baseline(compiled=False)).speedup_eager)
+        if len(ratios) == 1 and low < ratios[0] < 1 / low:
+            break
+    assert low < statistics.median(ratios) < 1 / low, ratios
 
 
 def test_the_reference_in_a_head_to_head_is_not_faster_than_itself(tmp_path: Path) -> None:
