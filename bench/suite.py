@@ -342,12 +342,17 @@ def fill_head_to_head(row: dict[str, Any], run: Any) -> None:
         baseline_clocks(row, run.baseline, h2h.answer)
 
 
+def baseline_side(name: str) -> str:
+    """A row's baseline name (``best_baseline`` says ``compile``) as the head-to-head and ``Baseline`` name it."""
+    return {"compile": "compiled"}.get(name, name)
+
+
 def baseline_clocks(row: dict[str, Any], base: Any, side: str) -> None:
     """Where a baseline answers, the row's clocks are that baseline's (eager and torch.compile were timed by the same
     rule as the candidates); the judged candidate's stay beside them. max-autotune's figure has no clocks of its own."""
     if "fastest_candidate_clocks" not in row and row.get("clocks"):
         row["fastest_candidate_clocks"] = row["clocks"]
-    timing = getattr(base, {"compile": "compiled"}.get(side, side), None)  # a Baseline has no max_autotune
+    timing = getattr(base, baseline_side(side), None)  # a Baseline has no max_autotune
     row["clocks"] = timing.clocks() if timing is not None else None
 
 
@@ -629,10 +634,6 @@ def print_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
                   f"{_fmt_x(s['geomean_do_bench_speedup_eager'])} by do_bench)")
 
 
-ANSWERS = {"eager": "the reference", "compiled": "torch.compile's kernel", "compile": "torch.compile's kernel",
-           "max_autotune": "max-autotune's kernel"}
-
-
 def merged_rows(paths: list[Path]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Each problem's row with its file's header, from several suite JSONs; a later file's row replaces an earlier one
     of the same problem."""
@@ -649,13 +650,17 @@ def markdown_table(paths: list[Path]) -> str:
     """The rows of suite JSONs as a markdown table for bench/results/README.md: the answer, its call latency, the
     run's and do_bench's speedups over eager and their ratio, the speedup over the best baseline, the answer's device,
     host and graph times, and the card and commit of each row; the summary of the rows below it."""
+    sys.path.insert(0, str(HERE.parent / "src"))
+    from kernelevolve.evaluate.headtohead import LABELS
+
     pairs = merged_rows(paths)
     lines = ["| problem | answer | ms | x eager (run) | x eager (do_bench) | ratio | x best baseline | device | host | "
              "graph | launch-bound | card | commit |", "|" + "---|" * 13]
     for r, head in pairs:
         c = r.get("clocks") or {}
         if r.get("best_proposer") == "baseline":
-            answer = ANSWERS.get(r.get("best_label"), f"{r.get('best_label')}'s kernel")
+            side = baseline_side(r.get("best_label") or "")
+            answer = "the reference" if side == "eager" else f"{LABELS.get(side, side)}'s kernel"
         else:
             answer = r.get("best_proposer") or r.get("status") or "—"
         ratio = r.get("clock_ratio")
