@@ -161,13 +161,22 @@ def test_the_reference_as_its_own_candidate_reads_one_on_the_cpu(tmp_path: Path,
 
 
 def test_the_reference_in_a_head_to_head_is_not_faster_than_itself(tmp_path: Path) -> None:
+    """Never the winner against itself, and its ratio near one. On a loaded 2-core machine single head-to-heads read
+    0.83x and 0.898x: one outside the bounds is held twice more and the median of the three decides, where a bias of
+    the process moves every one."""
     source = PROBLEM.format(rows=512, cols=1000)
     ev = evaluator(tmp_path, source, "cpu", 150.0)
-    h = ev.head_to_head(as_candidate(source), ["eager"])
-    assert h.rounds == 10 and len(h.round_ms[CANDIDATE]) == len(h.round_ms["eager"]) == 10
-    assert h.answer == "eager" and not h.wins, h.line()
-    ratio, low, high = h.candidate_vs_best
-    assert 0.9 < ratio < 1.1 and low <= ratio <= high
+    ratios = []
+    for _ in range(3):
+        h = ev.head_to_head(as_candidate(source), ["eager"])
+        assert h.rounds == 10 and len(h.round_ms[CANDIDATE]) == len(h.round_ms["eager"]) == 10
+        assert h.answer == "eager" and not h.wins, h.line()
+        ratio, low, high = h.candidate_vs_best
+        assert low <= ratio <= high, h.line()
+        ratios.append(ratio)
+        if len(ratios) == 1 and 0.9 < ratio < 1.1:
+            break
+    assert 0.9 < statistics.median(ratios) < 1.1, ratios
 
 
 def test_a_faster_candidate_wins_its_head_to_head(tmp_path: Path) -> None:

@@ -38,7 +38,18 @@ def test_forged_channel_timing_is_rejected(scale_evaluator, candidate):
     clock of the timed loop still catches it."""
     r = scale_evaluator.evaluate(candidate("forged_channel_timing"))
     assert r.status is Status.REJECTED, (r.reason, r.error, r.details)
-    assert "forged or hidden timing" in r.reason
+    assert "forged or hidden timing" in r.reason and "2 times" in r.reason
+
+
+def test_a_loop_over_the_wall_allowance_once_is_timed_again(scale_evaluator, candidate):
+    """An honest loop stalled once by a loaded machine is not a cheat: the loop is timed again, and the time that
+    counts is the second loop's, which passed the check (the candidate forges its first loop only; each call sleeps
+    0.2 s, so an honest time is at least 200 ms)."""
+    r = scale_evaluator.evaluate(candidate("forged_first_loop_timing"))
+    assert r.status is Status.OK, (r.reason, r.error, r.details)
+    assert "by the parent's clock" in r.details["wall_retried"]
+    assert r.details["wall_allowed_s"] >= r.details["parent_wall_s"]
+    assert r.timing is not None and r.timing.median_ms >= 200.0, r.timing
 
 
 def test_long_reduction_in_another_order_is_correct(new_evaluator, candidate):

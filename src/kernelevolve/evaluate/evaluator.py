@@ -41,6 +41,10 @@ WALL_SLACK = 2.0
 LOOP_SLACK = 1.5
 WALL_ALLOWANCE_S = 0.25
 SYNC_ALLOWANCE_MS = {"cuda-events": 1.0, "perf_counter": 0.0}
+# A loop over the allowance is timed again before the verdict: once, an honest 256 MB candidate's loop on a loaded
+# 2-core machine took 3.91 s by the parent's clock against 1.39 s of runs (3.47 s allowed). Forged or hidden timing
+# is over it every time.
+WALL_TRIES = 2
 # A side stream is suspected when device-idle time exceeds stream time by more than the calibrated sync latency
 # plus this much (ms) or this fraction of the stream time.
 SIDE_STREAM_MS, SIDE_STREAM_FRAC = 0.1, 0.5
@@ -489,30 +493,38 @@ class Evaluator:
             raise _Verdict(Status.REJECTED, "no timed repetition was returned for checking")
 
     def _time(self, child: Child, details: dict[str, Any], gpu: int | None) -> Timing:
-        seeds = self._timing_seeds(gpu)
-        check_at = sorted(int.from_bytes(os.urandom(2), "little") / 65536 for _ in range(CHECKED_REPS))
-        cmd = {"cmd": "time", "seeds": seeds, "shape": 0, "check_at": check_at}
-        self._release_cache(gpu)
-        details["timed_at"] = round(time.time(), 3)  # when, by the clock of the day: to set beside a GPU trace
-        calib, res, blob = self._time_command(child, cmd, gpu)
-        samples, device_ms = res["samples_ms"], res["device_ms"]
-        reps, wall = len(samples), res["parent_wall_s"]
-        per_rep_s = calib["parent_wall_s"] / max(calib["reps"], 1)
-        reported_s = sum(device_ms) / 1e3
-        memory = res.get("memory") if isinstance(res.get("memory"), dict) else {}
-        _note_peak(details, memory.get("peak_bytes"))
-        details.update(reps=reps, input_sets=res["input_sets"], first_call_s=res.get("first_call_s"),
-                       host_ms=_finite(res.get("host_ms")), cpu=cpu_of(res),
-                       parent_wall_s=wall, reported_s=reported_s, calibrated_s=calib["parent_wall_s"],
-                       calibrated_reps=calib["reps"], memory=memory)
-        if reported_s > wall * 1.05 + 0.01:
-            raise _Verdict(Status.REJECTED, f"reported {reported_s:.3f} s of runs inside a {wall:.3f} s window")
-        allowed = (WALL_SLACK * reported_s + reps * (LOOP_SLACK * per_rep_s + SYNC_ALLOWANCE_MS[res["method"]] / 1e3)
-                   + WALL_ALLOWANCE_S)
-        details["wall_allowed_s"] = allowed
-        if wall > allowed:
-            raise _Verdict(Status.REJECTED, f"timed loop took {wall:.3f} s by the parent's clock but the runs "
-                                            f"report {reported_s:.3f} s: forged or hidden timing")
+        for attempt in range(WALL_TRIES):
+            seeds = self._timing_seeds(gpu)
+            check_at = sorted(int.from_bytes(os.urandom(2), "little") / 65536 for _ in range(CHECKED_REPS))
+            cmd = {"cmd": "time", "seeds": seeds, "shape": 0, "check_at": check_at}
+            self._release_cache(gpu)
+            details["timed_at"] = round(time.time(), 3)  # when, by the clock of the day: to set beside a GPU trace
+            calib, res, blob = self._time_command(child, cmd, gpu)
+            samples, device_ms = res["samples_ms"], res["device_ms"]
+            reps, wall = len(samples), res["parent_wall_s"]
+            per_rep_s = calib["parent_wall_s"] / max(calib["reps"], 1)
+            reported_s = sum(device_ms) / 1e3
+            memory = res.get("memory") if isinstance(res.get("memory"), dict) else {}
+            _note_peak(details, memory.get("peak_bytes"))
+            details.update(reps=reps, input_sets=res["input_sets"], first_call_s=res.get("first_call_s"),
+                           host_ms=_finite(res.get("host_ms")), cpu=cpu_of(res),
+                           parent_wall_s=wall, reported_s=reported_s, calibrated_s=calib["parent_wall_s"],
+                           calibrated_reps=calib["reps"], memory=memory)
+            if reported_s > wall * 1.05 + 0.01:  # no stall explains this: never timed again
+                raise _Verdict(Status.REJECTED, f"reported {reported_s:.3f} s of runs inside a {wall:.3f} s window")
+            allowed = (WALL_SLACK * reported_s + reps * (LOOP_SLACK * per_rep_s
+                                                         + SYNC_ALLOWANCE_MS[res["method"]] / 1e3) + WALL_ALLOWANCE_S)
+            details["wall_allowed_s"] = allowed
+            if wall <= allowed:
+                break
+            verdict = (f"timed loop took {wall:.3f} s by the parent's clock but the runs report {reported_s:.3f} s "
+                       f"({allowed:.3f} s allowed)")
+            if attempt + 1 == WALL_TRIES:
+                raise _Verdict(Status.REJECTED, f"{verdict}, {WALL_TRIES} times: forged or hidden timing")
+            # a loaded machine can stall an honest loop once; forged or hidden timing repeats, and the loop that
+            # counts is always one that passed the check
+            details["wall_retried"] = verdict
+            log.info("%s: timed again", verdict)
         self._check_timed_outputs(res, blob, seeds, gpu, details)
         chosen = samples
         if res["method"] == "cuda-events":
