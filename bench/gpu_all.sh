@@ -9,6 +9,12 @@
 #        COMMIT=abc1234 PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+# Wheels carried in .whl/ (a model's own imports the GPU image lacks, such as einops for KernelBench's Mamba2),
+# installed without an index into a folder of their own
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
 # the commit each row is written by: COMMIT where the copy has no git history
 BENCH_COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 export BENCH_COMMIT

@@ -208,6 +208,20 @@ CASES: dict[str, tuple[str, str]] = {
         def get_inputs(): return [torch.randn(1, 2, 37, 16) for _ in range(3)]
         def get_init_inputs(): return []
     """),
+    "masked_reverse_cumsum": ("scan", """
+        class Model(nn.Module):
+            def forward(self, x, mask):
+                return torch.cumsum((x * mask).flip(1), dim=1).flip(1)
+        def get_inputs(): return [torch.randn(33, 300), torch.randint(0, 2, (33, 300)).bool()]
+        def get_init_inputs(): return []
+    """),
+    "cumprod_inner_dim": ("scan", """
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.cumprod(x * 0.5 + 0.75, dim=1)
+        def get_inputs(): return [torch.rand(3, 40, 45)]
+        def get_init_inputs(): return []
+    """),
     "attention_sdpa": ("attention", """
         class Model(nn.Module):
             def forward(self, q, k, v):

@@ -377,8 +377,44 @@ def interaction(rng: random.Random, i: int) -> Spelling:
                     _module_text([], body, inputs, "dense, sparse"))
 
 
+# --- scans (the ``scan`` family): cumulative sums and products, reversed, masked, along any dimension ----------------
+SCAN_CALLS = ("torch.{op}({x}, dim={d})", "{x}.{op}({d})", "torch.{op}({x}, {d})", "{x}.{op}(dim={d})",
+              "torch.Tensor.{op}({x}, {d})")
+# a scan reversed along its dimension: {scan} is one of SCAN_CALLS with {x} in place
+REVERSED = ("{scan}", "torch.flip({inner}, [{d}])", "{inner}.flip({d})", "{inner}.flip(dims=({d},))")
+FLIP_IN = ("torch.flip(x, [{d}])", "x.flip({d})", "x.flip(dims=({d},))")
+PROLOGUES = ("x", "x * mask", "torch.where(mask, x, 0.0)", "x.masked_fill(~mask, 0)", "x * mask.to(x.dtype)",
+             "torch.relu(x)", "x * self.scale", "(x - 0.5) * 2.0")
+
+
+def scan(rng: random.Random, i: int) -> Spelling:
+    """A cumulative sum or product along any dimension of a rank-2 or rank-3 tensor, of an input or of pointwise ops
+    of it, forward or reversed by flips on both sides."""
+    op = rng.choice(("cumsum", "cumsum", "cumprod"))
+    rank = rng.choice((2, 3))
+    sizes = [rng.choice((1, 3, 7, 33, 100, 257, 700)) for _ in range(rank)]
+    while sizes[0] * sizes[-1] * (sizes[1] if rank == 3 else 1) > 40000:  # small enough for the interpreter
+        sizes[sizes.index(max(sizes))] = rng.choice((1, 3, 7, 33))
+    d = rng.randrange(rank)
+    dim = rng.choice((d, d - rank))
+    k_call, k_rev, k_pro = rng.randrange(len(SCAN_CALLS)), rng.randrange(len(REVERSED)), rng.randrange(len(PROLOGUES))
+    dtype = "float32" if op == "cumprod" else rng.choice(DTYPES)
+    body = [f"x = {PROLOGUES[k_pro]}"]
+    if k_rev:  # flipped in, scanned, flipped back
+        inner = SCAN_CALLS[k_call].format(op=op, x=FLIP_IN[k_rev - 1].format(d=dim), d=dim)
+        body.append("return " + REVERSED[k_rev].format(inner=inner, d=dim))
+    else:
+        body.append("return " + SCAN_CALLS[k_call].format(op=op, x="x", d=dim))
+    # a product of values near one stays in range over rows of hundreds
+    make = (f"(torch.rand({tuple(sizes)}) * 0.2 + 0.9)" if op == "cumprod" else f"torch.randn({tuple(sizes)})")
+    inputs = f"{make}.to(torch.{dtype}), torch.rand({tuple(sizes)}) > 0.5"
+    init = [f"self.scale = nn.Parameter(torch.randn({sizes[-1]}).to(torch.{dtype}))"] if "scale" in body[0] else []
+    text = _module_text(init, body, inputs, "x, mask")
+    return Spelling(f"{i:03d}-{op}-call{k_call}-rev{k_rev}-pro{k_pro}-rank{rank}-{dtype}", "scan", text)
+
+
 FAMILIES = {"segment": segment, "row": row, "gemm": gemm, "attention": attention, "swiglu": swiglu, "dcn": dcn,
-            "interaction": interaction}
+            "interaction": interaction, "scan": scan}
 
 
 def spellings(count: int, seed: int, family: str = "segment") -> list[Spelling]:

@@ -25,7 +25,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 # the case of tests/family_cases.py that each family's golden file is rendered from
 CASE = {"batched_matmul": "towers", "attention": "attention_sdpa", "interaction": "dlrm_interaction",
         "segment": "embedding_bag", "dual_gemm": "swiglu", "cross": "dcn_cross", "matmul_reduction": "linear_softmax",
-        "matmul": "linear_gelu",
+        "matmul": "linear_gelu", "scan": "masked_reverse_cumsum",
         "row_reduction": "softmax_functional", "pointwise": "pointwise"}
 REGENERATE = "KE_UPDATE_GOLDEN=1 python -m pytest tests/templates/test_golden.py"
 
@@ -83,6 +83,7 @@ VARIANTS = [
     ("row_reduction", "softmax_functional", {"PERSISTENT": False, "PARTS": 3}),
     ("row_reduction", "softmax_functional", {"PERSISTENT": False, "PARTS": 3, "ONE_READ": True}),
     ("row_reduction", "column_sum", {"PERSISTENT": False, "SPLIT": 4}),
+    ("scan", "cumprod_inner_dim", {"COLS": 64}),  # rows along an inner dimension, read side by side
 ]
 # the knobs that choose a schedule or a precision mode (the others only size tiles): each value a family's space
 # offers beside its default has a variant above

@@ -24,7 +24,7 @@ from tests.spellings import spellings  # noqa: E402
 SEED = int(os.environ.get("KERNELEVOLVE_SPELLING_SEED", "0"))
 
 
-FAMILIES = ("segment", "row", "gemm", "attention", "swiglu", "dcn", "interaction")
+FAMILIES = ("segment", "row", "gemm", "attention", "swiglu", "dcn", "interaction", "scan")
 
 
 def _misses(tmp_path: Path, count: int, seed: int, family: str) -> list[str]:
@@ -103,6 +103,11 @@ def test_the_draw_covers_every_step():
     for prefix, n in (("halves", 5), ("gate", 5), ("cross", 5), ("fm", 3), ("product", 4), ("pick", 3)):
         for k in range(n):
             assert f"-{prefix}{k}-" in others, f"{prefix}{k}"
+    scans = " ".join(sp.name for seed in (1001, 1002, 1003, 1004) for sp in spellings(150, seed, "scan"))
+    for prefix, n in (("call", 5), ("rev", 4), ("pro", 8)):
+        for k in range(n):
+            assert f"-{prefix}{k}-" in scans, f"{prefix}{k}"
+    assert "-cumsum-" in scans and "-cumprod-" in scans and "-rank2-" in scans and "-rank3-" in scans
     for prefix, n in (("linear", 6), ("act", 14), ("after", 5)):
         for k in range(n):
             assert f"-{prefix}{k}-" in gemms, f"{prefix}{k}"

@@ -15,6 +15,7 @@ from kernelevolve.templates.matmul import (BatchedSmallTemplate, CrossTemplate, 
                                            MatmulTemplate)
 from kernelevolve.templates.pointwise import PointwiseTemplate
 from kernelevolve.templates.rowreduce import RowReduceTemplate
+from kernelevolve.templates.scan import ScanTemplate
 from kernelevolve.templates.segment import SegmentTemplate
 
 
@@ -38,6 +39,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("cross", CrossTemplate, optional=True),
     Family("matmul_reduction", GemmReduceTemplate, optional=True),  # a GEMM and a reduction of its rows, before both
     Family("matmul", MatmulTemplate, optional=True),
+    # before the pointwise ops that feed it (a masked sum's x * mask); a small scan inside a larger graph (the offsets
+    # of a few lengths) may be cheaper left to ATen
+    Family("scan", ScanTemplate, optional=True),
     Family("row_reduction", RowReduceTemplate),
     Family("pointwise", PointwiseTemplate),
 )
