@@ -222,6 +222,23 @@ CASES: dict[str, tuple[str, str]] = {
         def get_inputs(): return [torch.rand(3, 40, 45)]
         def get_init_inputs(): return []
     """),
+    "avg_pool_padded": ("pool", """
+        class Model(nn.Module):
+            def forward(self, x):
+                return F.avg_pool2d(torch.relu(x), 3, stride=2, padding=1, count_include_pad=False)
+        def get_inputs(): return [torch.randn(2, 3, 17, 20)]
+        def get_init_inputs(): return []
+    """),
+    "max_pool_3d": ("pool", """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pool = nn.MaxPool3d(3, stride=2, padding=1, dilation=2, ceil_mode=True)
+            def forward(self, x):
+                return self.pool(x * 0.5)
+        def get_inputs(): return [torch.randn(1, 2, 9, 12, 11)]
+        def get_init_inputs(): return []
+    """),
     "attention_sdpa": ("attention", """
         class Model(nn.Module):
             def forward(self, q, k, v):

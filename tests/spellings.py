@@ -413,8 +413,65 @@ def scan(rng: random.Random, i: int) -> Spelling:
     return Spelling(f"{i:03d}-{op}-call{k_call}-rev{k_rev}-pro{k_pro}-rank{rank}-{dtype}", "scan", text)
 
 
+# --- pools (the ``pool`` family): average and max pooling over 1, 2 and 3 dims, called or as modules -------------------
+POOL_PROLOGUES = ("x", "torch.relu(x)", "x * 2.0", "F.gelu(x)", "torch.sigmoid(x) * x")
+
+
+def _pool_args(rng: random.Random, kind: str, nd: int) -> tuple[str, str]:
+    """The window's arguments, each omitted, one int or a tuple; and a tag naming the choices."""
+    kernel = [rng.choice((2, 3) if nd == 3 else (2, 3, 5)) for _ in range(nd)]
+    one = rng.random() < 0.5 or nd == 1  # one int for every dim
+    if one:
+        kernel = [kernel[0]] * nd
+    form = (lambda v: str(v[0])) if one else (lambda v: "(" + ", ".join(map(str, v)) + ")")  # noqa: E731
+    args, tag = [f"kernel_size={form(kernel)}"], []
+    if rng.random() < 0.6:
+        args.append(f"stride={form([rng.choice((1, 2)) for _ in range(nd)] if not one else [rng.choice((1, 2))] * nd)}")
+        tag.append("stride")
+    if rng.random() < 0.5:
+        args.append(f"padding={form([k // 2 for k in kernel])}")
+        tag.append("pad")
+    if kind == "max" and rng.random() < 0.3:
+        args.append("dilation=2")
+        tag.append("dil")
+    if rng.random() < 0.3:
+        args.append("ceil_mode=True")
+        tag.append("ceil")
+    if kind == "avg" and rng.random() < 0.3:
+        args.append("count_include_pad=False")
+        tag.append("nopad")
+    if kind == "avg" and nd > 1 and rng.random() < 0.2:
+        args.append("divisor_override=3")
+        tag.append("div")
+    return ", ".join(args), "-".join(tag) or "plain"
+
+
+def pool(rng: random.Random, i: int) -> Spelling:
+    """An average or max pool over 1, 2 or 3 dims, as a functional call, a module or a torch call, of the input or of
+    an activation or scale of it."""
+    kind, nd = rng.choice(("avg", "max")), rng.choice((1, 2, 2, 3))
+    args, tag = _pool_args(rng, kind, nd)
+    k_call = rng.randrange(3)
+    k_pro = rng.randrange(len(POOL_PROLOGUES))
+    cls = {"avg": "AvgPool", "max": "MaxPool"}[kind]
+    init = []
+    if k_call == 0:
+        call = f"F.{kind}_pool{nd}d(x, {args})"
+    elif k_call == 1:
+        init, call = [f"self.pool = nn.{cls}{nd}d({args})"], "self.pool(x)"
+    else:  # the indices asked for and dropped (max), or torch's own namespace (avg: torch.nn.functional)
+        call = (f"F.max_pool{nd}d(x, {args}, return_indices=True)[0]" if kind == "max"
+                else f"torch.nn.functional.avg_pool{nd}d(x, {args})")
+    spatial = [rng.choice((9, 13, 20) if nd == 3 else (9, 17, 33, 64)) for _ in range(nd)]
+    dtype = "float32" if (kind, nd) == ("avg", 3) else rng.choice(DTYPES)  # the CPU's avg_pool3d takes no 16-bit
+    shape = tuple([rng.choice((1, 2)), rng.choice((3, 4))] + spatial)
+    text = _module_text(init, [f"x = {POOL_PROLOGUES[k_pro]}", f"return {call}"],
+                        f"torch.randn({shape}).to(torch.{dtype})", "x")
+    return Spelling(f"{i:03d}-{kind}{nd}d-call{k_call}-pro{k_pro}-{tag}-{dtype}", "pool", text)
+
+
 FAMILIES = {"segment": segment, "row": row, "gemm": gemm, "attention": attention, "swiglu": swiglu, "dcn": dcn,
-            "interaction": interaction, "scan": scan}
+            "interaction": interaction, "scan": scan, "pool": pool}
 
 
 def spellings(count: int, seed: int, family: str = "segment") -> list[Spelling]:

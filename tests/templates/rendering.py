@@ -34,4 +34,4 @@ def run_match(template: Any, graph: CapturedGraph, match: Any, config: dict[str,
     got = getattr(module, name)(*[values[n] for n in match.inputs])
     assert len(got) == len(match.outputs)
     for out, node in zip(got, match.outputs):
-        torch.testing.assert_close(out, values[node], atol=atol, rtol=rtol)
+        torch.testing.assert_close(out, values[node], atol=atol, rtol=rtol, equal_nan=True)

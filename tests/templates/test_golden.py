@@ -25,7 +25,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 # the case of tests/family_cases.py that each family's golden file is rendered from
 CASE = {"batched_matmul": "towers", "attention": "attention_sdpa", "interaction": "dlrm_interaction",
         "segment": "embedding_bag", "dual_gemm": "swiglu", "cross": "dcn_cross", "matmul_reduction": "linear_softmax",
-        "matmul": "linear_gelu", "scan": "masked_reverse_cumsum",
+        "matmul": "linear_gelu", "scan": "masked_reverse_cumsum", "pool": "avg_pool_padded",
         "row_reduction": "softmax_functional", "pointwise": "pointwise"}
 REGENERATE = "KE_UPDATE_GOLDEN=1 python -m pytest tests/templates/test_golden.py"
 

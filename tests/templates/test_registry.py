@@ -36,6 +36,6 @@ def test_claim_order_and_aten_alternatives():
     # the bigger pattern first: the towers before attention, SwiGLU, DCN and a GEMM with its row reduction before the
     # plain GEMM (and the reduction), reductions before the pointwise chains around them
     assert NAMES == ("batched_matmul", "attention", "interaction", "segment", "dual_gemm", "cross", "matmul_reduction",
-                     "matmul", "scan", "row_reduction", "pointwise")
+                     "matmul", "scan", "pool", "row_reduction", "pointwise")
     assert {f.name for f in FAMILIES if f.optional} == {"matmul", "batched_matmul", "dual_gemm", "cross",
-                                                        "matmul_reduction", "scan"}
+                                                        "matmul_reduction", "scan", "pool"}

@@ -24,7 +24,7 @@ from tests.spellings import spellings  # noqa: E402
 SEED = int(os.environ.get("KERNELEVOLVE_SPELLING_SEED", "0"))
 
 
-FAMILIES = ("segment", "row", "gemm", "attention", "swiglu", "dcn", "interaction", "scan")
+FAMILIES = ("segment", "row", "gemm", "attention", "swiglu", "dcn", "interaction", "scan", "pool")
 
 
 def _misses(tmp_path: Path, count: int, seed: int, family: str) -> list[str]:
@@ -108,6 +108,10 @@ def test_the_draw_covers_every_step():
         for k in range(n):
             assert f"-{prefix}{k}-" in scans, f"{prefix}{k}"
     assert "-cumsum-" in scans and "-cumprod-" in scans and "-rank2-" in scans and "-rank3-" in scans
+    pools = " ".join(sp.name for seed in (1001, 1002, 1003, 1004) for sp in spellings(150, seed, "pool"))
+    for step in ("avg1d", "avg2d", "avg3d", "max1d", "max2d", "max3d", "call0", "call1", "call2", "pro4", "stride",
+                 "pad", "dil", "ceil", "nopad", "div", "plain"):
+        assert step in pools, step
     for prefix, n in (("linear", 6), ("act", 14), ("after", 5)):
         for k in range(n):
             assert f"-{prefix}{k}-" in gemms, f"{prefix}{k}"

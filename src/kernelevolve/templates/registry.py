@@ -14,6 +14,7 @@ from kernelevolve.templates.interaction import InteractionTemplate
 from kernelevolve.templates.matmul import (BatchedSmallTemplate, CrossTemplate, DualGemmTemplate, GemmReduceTemplate,
                                            MatmulTemplate)
 from kernelevolve.templates.pointwise import PointwiseTemplate
+from kernelevolve.templates.pool import PoolTemplate
 from kernelevolve.templates.rowreduce import RowReduceTemplate
 from kernelevolve.templates.scan import ScanTemplate
 from kernelevolve.templates.segment import SegmentTemplate
@@ -42,6 +43,7 @@ FAMILIES: tuple[Family, ...] = (
     # before the pointwise ops that feed it (a masked sum's x * mask); a small scan inside a larger graph (the offsets
     # of a few lengths) may be cheaper left to ATen
     Family("scan", ScanTemplate, optional=True),
+    Family("pool", PoolTemplate, optional=True),  # likewise with the ops that feed it; ATen's pools are fair ones
     Family("row_reduction", RowReduceTemplate),
     Family("pointwise", PointwiseTemplate),
 )
