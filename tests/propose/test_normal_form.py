@@ -164,3 +164,42 @@ def test_a_value_read_before_and_after_an_in_place_write_is_not_merged():
     _drop_dead(gm)
     out = gm([], x.clone())
     torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, _read_around_a_write(x.clone()))
+
+
+def _relu_in_place(x):
+    h = x * 2.0
+    before = h.sum()  # reads h before the write
+    h.relu_()
+    h.add_(1.0).mul_(3.0)
+    return h + before, h
+
+
+def _writes_that_stay(x):
+    x.relu_()  # an input: the caller sees the write
+    h = x * 2.0
+    v = h.view(-1)
+    h.sigmoid_()  # through the view too
+    return v + 1.0
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_in_place_ops_on_values_the_forward_made_become_out_of_place(mode):
+    x = torch.randn(4, 5)
+    gm, _ = _trace(Fn(_relu_in_place), [x.clone()], mode)
+    _drop_dead(gm)
+    ops = [op_name(n) for n in gm.graph.nodes if n.op == "call_function"]
+    assert not [o for o in ops if o.endswith("_")], ops
+    for got, want in zip(gm([], x.clone()), _relu_in_place(x.clone())):
+        torch.testing.assert_close(got, want)
+
+
+def test_writes_to_inputs_and_through_views_stay_in_place():
+    x = torch.randn(4, 5)
+    gm, _ = _trace(Fn(_writes_that_stay), [x.clone()], "real")
+    _drop_dead(gm)
+    ops = [op_name(n) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "relu_" in ops and "sigmoid_" in ops, ops
+    a, b = x.clone(), x.clone()
+    got = gm([], a)
+    torch.testing.assert_close(got[0] if isinstance(got, (list, tuple)) else got, _writes_that_stay(b))
+    torch.testing.assert_close(a, b)  # the input written as the model writes it

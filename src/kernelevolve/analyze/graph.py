@@ -497,10 +497,48 @@ def _sizes_from_data(gm: fx.GraphModule) -> bool:
 
 
 def _drop_dead(gm: fx.GraphModule) -> None:
+    _out_of_place(gm.graph)
     _drop_identities(gm.graph)
     _merge_repeats(gm.graph)
     gm.graph.eliminate_dead_code()
     gm.recompile()
+
+
+def _out_of_place(graph: fx.Graph) -> None:
+    """An in-place pointwise op on a value the forward made itself, through no view (``nn.ReLU(inplace=True)`` after a
+    convolution), becomes its out-of-place form, and what reads the value after the write reads the new node: the
+    same values, and a graph the families can claim. A write to an input, a parameter, a buffer or a view is a real
+    side effect and stays."""
+    order = topo_index(graph)
+    for node in list(graph.nodes):
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not node.args:
+            continue
+        name = target.overloadpacket.__name__
+        written = node.args[0]
+        if not (target._schema.is_mutable and name.endswith("_") and name[:-1] in POINTWISE
+                and isinstance(written, fx.Node) and written.op == "call_function"):
+            continue
+        made = written.target
+        if not isinstance(made, torch._ops.OpOverload) or made._schema.is_mutable or any(
+                r.alias_info is not None for r in made._schema.returns):
+            continue  # a view or an in-place result: the write would reach other memory
+        if any(isinstance(u.target, torch._ops.OpOverload) and any(r.alias_info is not None
+                                                                   for r in u.target._schema.returns)
+               and u is not node for u in written.users):
+            continue  # a view of it is read somewhere: the write shows through that view
+        pure = getattr(getattr(torch.ops.aten, name[:-1], None), target._overloadname, None)
+        if pure is None:
+            continue
+        later = [u for u in written.users if u is not node and order[u] > order[node]]  # they read the write
+        with graph.inserting_before(node):
+            fresh = graph.call_function(pure, node.args, node.kwargs)
+        fresh.meta = dict(node.meta)
+        for user in later:
+            user.replace_input_with(written, fresh)
+        node.replace_all_uses_with(fresh)
+        graph.erase_node(node)
+        order = topo_index(graph)
 
 
 # (op, the constant that leaves the other operand as it is, whether that constant may stand first)

@@ -9,6 +9,7 @@ whole model. The answer is never slower than the best of the three.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -80,13 +81,14 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     record = Record(store, plan.problem, out_dir, cfg, {o.name: o.run_id for o in outcomes})
     result.run_id = record.run_id
     doc = f"kernelevolve: {Path(plan.problem.path).name} with its regions' kernels"
+    judge = functools.partial(_judge_hosts, source, plan, doc=doc, hosts=hosts, evaluator=evaluator, record=record,
+                              result=result, cfg=cfg, on_stage=on_stage)
     try:
+        judged: tuple[str, Candidate, Any, list[str]] | str | None = None
         while chosen:
-            judged = _judge_hosts(source, plan, chosen, doc, hosts, evaluator, record, result, cfg, on_stage)
-            if isinstance(judged, str):  # no host verified: the kernel with the smallest gain goes
-                worst = min(chosen, key=lambda c: _gain(c, plan, outcomes))
-                result.dropped.append(f"{worst.name}: the composition was {judged}")
-                chosen.remove(worst)
+            judged = judged or judge(chosen)
+            if isinstance(judged, str):  # no host verified: find the kernels that break the model
+                chosen, judged = _isolate(chosen, judged, judge, lambda c: _gain(c, plan, outcomes), result)
                 continue
             host, candidate, verdict, skipped = judged
             what = f"the model with {len(chosen)} region kernels"
@@ -97,13 +99,35 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
             if h.wins:
                 result.why = f"{what}, {host} host; {h.line()}"
                 return finish(result, candidate.source, chosen, skipped, record)
-            worst = min(chosen, key=lambda c: _gain(c, plan, outcomes))
+            worst = min(chosen, key=lambda c: (_gain(c, plan, outcomes), c.name))
             result.dropped.append(lost_line(worst.name, h))
             chosen.remove(worst)
+            judged = None
     except BaseException:
         store.update_run(record.run_id, status="interrupted", stop_reason="stopped while the model was judged")
         raise
     return fallback(result, source, record, "no region kernel made the whole model faster")
+
+
+def _isolate(chosen: list[Chosen], failed: str, judge: Callable[[list[Chosen]], Any],
+             gain: Callable[[Chosen], float], result: ModelOutcome) -> tuple[list[Chosen], Any]:
+    """The composition of every chosen kernel failed (``failed`` says how): the kernels go back one at a time, the
+    largest gain first, and each stays only if the composition with it still verifies. A kernel that breaks the
+    model goes, and no other goes with it. Returns the kernels kept and the verdict of their composition (None where
+    none is kept)."""
+    if len(chosen) == 1:
+        result.dropped.append(f"{chosen[0].name}: the composition was {failed}")
+        return [], None
+    kept: list[Chosen] = []
+    last = None
+    for c in sorted(chosen, key=lambda c: (-gain(c), c.name)):
+        judged = judge([x for x in chosen if x in kept or x is c])  # in the plan's order
+        if isinstance(judged, str):
+            result.dropped.append(f"{c.name}: the composition was {judged}")
+        else:
+            kept.append(c)
+            last = judged
+    return [c for c in chosen if c in kept], last
 
 
 def default_hosts(device: str) -> tuple[str, ...]:
