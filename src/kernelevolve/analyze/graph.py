@@ -538,7 +538,7 @@ def _out_of_place(graph: fx.Graph) -> None:
             user.replace_input_with(written, fresh)
         node.replace_all_uses_with(fresh)
         graph.erase_node(node)
-        order = topo_index(graph)
+        order[fresh] = order[node]  # its place: every other node keeps its own (an LSTM has thousands of these)
 
 
 # (op, the constant that leaves the other operand as it is, whether that constant may stand first)
