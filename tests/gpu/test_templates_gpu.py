@@ -11,7 +11,10 @@ from kernelevolve.problem import as_outputs, build_model, import_module_from_pat
 from kernelevolve.propose.base import ProposalContext
 from kernelevolve.propose.template import TemplateProposer
 from kernelevolve.templates.base import load_source
+from kernelevolve.evaluate import EvalConfig, Evaluator
 from tests.benchsuite import load_suite
+from tests.family_cases import CASES as FAMILY_CASES
+from tests.family_cases import FAST, write_problem
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -145,3 +148,18 @@ def test_fp32_products_on_split_operands_pass_the_judge_on_cuda(path: Path, sche
         pytest.xfail(f"tensor-core running sums over a 65536-long reduction: {r.reason[:200]}")
     assert r.ok, f"{r.status.value}: {r.reason}\n{r.error[-1500:]}"
     print(f"{path.stem} {schedule} {mode}: {r.runtime_ms} ms, {r.speedup_eager} x eager")
+
+
+# the families no suite problem exercises yet: their cases of tests/family_cases.py, compiled for the device
+NEW_FAMILIES = [name for name, (kind, _) in FAMILY_CASES.items() if kind in ("scan", "pool")]
+
+
+@pytest.mark.parametrize("name", NEW_FAMILIES)
+def test_scan_and_pool_kernels_pass_the_judge_on_cuda(name: str, tmp_path: Path) -> None:
+    problem = load_problem(write_problem(tmp_path, name).path, "cuda")
+    cands = TemplateProposer("cuda", seed=0).propose(ProposalContext(problem, "cuda", None, []), 3)
+    assert cands, "no template candidate"
+    ev = Evaluator(problem, EvalConfig(device="cuda", timeout_s=300, timing=FAST), tmp_path / "work")
+    for cand in cands:
+        result = ev.evaluate(cand)
+        assert result.ok, f"{cand.meta.get('label')}: {result.status.value}: {result.reason}\n{result.error[-1500:]}"
