@@ -30,6 +30,13 @@ CASES = {
                            {"mul", "cumsum"}, 1e-4),
     "scalar_scale_inner_dim": ("x, w", "torch.cumsum(x * w, dim=0)", "torch.randn(30, 20, 1), torch.randn(1)",
                                {"mul", "cumsum"}, 1e-4),
+    "exclusive_narrow": ("x", "torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), "
+                         "torch.cumsum(x.narrow(dim=1, start=0, length=x.size(1) - 1), dim=1)), dim=1)",
+                         "torch.randn(6, 300)", {"select", "unsqueeze", "full_like", "slice", "cumsum", "cat"}, 1e-4),
+    "exclusive_inner_dim": ("x", "torch.cat([torch.zeros(4, 1, 20), torch.cumsum(x[:, :-1], 1)], 1)",
+                            "torch.randn(4, 30, 20)", {"full", "slice", "cumsum", "cat"}, 1e-4),
+    "exclusive_cumprod": ("x", "torch.cat([torch.ones_like(x[:, :1]), torch.cumprod(x[:, :-1] * 0.5 + 0.75, 1)], 1)",
+                          "torch.rand(5, 70)", {"slice", "full_like", "mul", "add", "cumprod", "cat"}, 1e-4),
     "bf16": ("x", "torch.cumsum(x, dim=1)", "torch.randn(4, 260).bfloat16()", {"cumsum"}, 3e-2),
     "int_counts": ("x", "torch.cumsum(x, dim=1)", "torch.randint(0, 5, (6, 90), dtype=torch.int32)",
                    {"cumsum"}, 0),

@@ -42,14 +42,15 @@ def k0_scan_mul(a, b):
 
 
 @triton.jit
-def k0_scan_rows(in0_ptr, in1_ptr, out_ptr, L: tl.constexpr, INNER: tl.constexpr, BLOCK: tl.constexpr):
+def k0_scan_rows(in0_ptr, in1_ptr, out_ptr, L: tl.constexpr, LIN: tl.constexpr, LOUT: tl.constexpr, INNER: tl.constexpr,
+        BLOCK: tl.constexpr):
     o = tl.program_id(0).to(tl.int64) * 4 + tl.arange(0, 4)[:, None]
     i = 0
     carry = tl.full([4], 0, tl.float32)
     for start in range(0, L, BLOCK):
         p = start + tl.arange(0, BLOCK)[None, :]
         m = (o < 33) & (p < L)
-        idx = (o * L + (L - 1 - p)) * INNER + i
+        idx = (o * LIN + (L - 1 - p)) * INNER + i
         in0 = tl.load(in0_ptr + idx, mask=m).to(tl.float32)
         in1 = tl.load(in1_ptr + idx, mask=m).to(tl.int1)
         t0 = (in0 * in1)
@@ -57,13 +58,14 @@ def k0_scan_rows(in0_ptr, in1_ptr, out_ptr, L: tl.constexpr, INNER: tl.constexpr
         y = tl.cumsum(x, axis=1)
         y = y + carry[:, None]
         carry = carry + tl.sum(x, axis=1)
-        tl.store(out_ptr + (o * L + (L - 1 - p)) * INNER + i, y.to(tl.float32), mask=m)
+        tl.store(out_ptr + (o * LOUT + (L - 1 - p)) * INNER + i, y.to(tl.float32), mask=m)
 
 
 def k0_scan(in0, in1):
     in0 = in0.contiguous(); in1 = in1.contiguous()
     out = torch.empty([33, 300], dtype=torch.float32, device=in0.device)
-    k0_scan_rows[(9,)](in0, in1, out, L=300, INNER=1, BLOCK=512, num_warps=4)
+    k0_scan_rows[(9,)](in0, in1, out, L=300, LIN=300, LOUT=300, INNER=1,
+        BLOCK=512, num_warps=4)
     return (out,)
 
 

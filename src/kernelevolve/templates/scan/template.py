@@ -32,6 +32,49 @@ def _fits(node: fx.Node, full: tuple[int, ...]) -> bool:
     return len(s) <= len(full) and all(a == b or a == 1 for a, b in zip(reversed(s), reversed(full)))
 
 
+FILLS = {"full_like": 1, "full": 1, "new_full": 2, "zeros_like": 0.0, "zeros": 0.0, "new_zeros": 0.0,
+         "ones_like": 1.0, "ones": 1.0, "new_ones": 1.0}  # where the value sits in the args, or the value itself
+FRONT_VIEWS = {"select", "unsqueeze", "slice", "view", "expand", "narrow"}  # what only shapes a fill's size
+
+
+def _exclusive(seed: fx.Node, d: int, used: set[fx.Node]) -> tuple[fx.Node, float, set[fx.Node]] | None:
+    """``cat([c, scan], d)`` with ``c`` a constant column (``zeros_like(x[:, :1])``, ``full((n, 1), 0)``): the cat,
+    the constant, and the fill's nodes (the constant and the views of the input that only give it its shape)."""
+    users = list(seed.users)
+    if len(users) != 1 or op_name(users[0]) != "cat" or users[0] in used:
+        return None
+    cat = users[0]
+    parts, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    full = shape(seed)
+    if len(parts) != 2 or parts[1] is not seed or int(dim) % len(full) != d or not isinstance(parts[0], fx.Node):
+        return None
+    front = parts[0]
+    where = FILLS.get(op_name(front))
+    value = front.args[where] if isinstance(where, int) and len(front.args) > where else where
+    if (value is None or isinstance(value, fx.Node) or front in used or list(front.users) != [cat]
+            or shape(front) != tuple(1 if k == d else n for k, n in enumerate(full))):
+        return None
+    extra, todo = {cat, front}, [a for a in front.all_input_nodes]
+    while todo:  # the views that give the constant its shape, where nothing else reads them
+        n = todo.pop()
+        if n.op == "call_function" and op_name(n) in FRONT_VIEWS and n not in used and all(u in extra
+                                                                                          for u in n.users):
+            extra.add(n)
+            todo.extend(n.all_input_nodes)
+    return cat, float(value), extra
+
+
+def _narrowed(src: Any, d: int, full: tuple[int, ...], used: set[fx.Node], seed: fx.Node) -> bool:
+    """``src`` is its input without the last position along ``d`` (``x[:, :-1]``, ``narrow(d, 0, n - 1)``)."""
+    if not (isinstance(src, fx.Node) and op_name(src) == "slice" and src not in used and list(src.users) == [seed]):
+        return False
+    base = shape(src.args[0])
+    args = list(src.args) + [None] * 5
+    start, step = args[2] or 0, args[4] if args[4] is not None else 1
+    return (len(base) == len(full) and int(args[1]) % len(full) == d and start == 0 and step == 1
+            and base[d] == full[d] + 1)
+
+
 def accumulator(out: torch.dtype) -> str:
     """What a scan adds or multiplies in: fp32 for the 16- and 32-bit floats, else the output's own type."""
     if out in (torch.float16, torch.bfloat16, torch.float32):
@@ -61,9 +104,19 @@ class ScanTemplate:
             if len(seed.users) == 1 and _flip_of(next(iter(seed.users)), d) and next(iter(seed.users)) not in used:
                 out = next(iter(seed.users))
                 region.add(out)
-            region |= self._prologue(src, full, used | region)
+            loaded, fill = full, None
+            front = _exclusive(seed, d, used) if out is seed and not read_rev else None
+            if front is not None:  # cat([identity column, scan(x[..., :-1])]): the scan stored one place later
+                out, fill, extra = front
+                region |= extra
+                if _narrowed(src, d, full, used, seed):
+                    region.add(src)
+                    src = src.args[0]
+                    loaded = shape(src)
+            region |= self._prologue(src, loaded, used | region)
             spec = {"full": list(full), "dim": d, "op": op_name(seed), "scan": seed.name, "source": src.name,
-                    "read_reversed": read_rev, "write_reversed": out is not seed}
+                    "read_reversed": read_rev, "write_reversed": out is not seed and fill is None,
+                    "loaded": list(loaded), "fill": fill}
             m = make_match(self.family, list(region), spec)
             if m is None or m.outputs != [out]:
                 continue
@@ -116,27 +169,39 @@ class ScanTemplate:
             grid = outer * -(-inner // cols)
         if (rows if inner == 1 else cols) * block > MAX_TILE:
             raise HopelessConfig(f"a tile of {(rows if inner == 1 else cols) * block} elements spills")
-        lines = self._setup(inner, outer, length, rows if inner == 1 else cols, block, acc, identity)
+        loaded = tuple(match.spec.get("loaded") or full)  # the input before a dropped last position, if any
+        fill = match.spec.get("fill")
+        out_type = TL_DTYPES[dtype(out_node)]
+        width = rows if inner == 1 else cols
+        lines = self._setup(inner, outer, width, block, acc, identity)
+        if fill is not None:  # an exclusive scan: the constant first, the scan one place later
+            first = f"(o < {outer})" if inner == 1 else "(i < INNER)"
+            shape_ = f"[{width}, 1]" if inner == 1 else f"[1, {width}]"
+            lines.insert(3, f"    tl.store(out_ptr + o * LOUT * INNER + i, tl.full({shape_}, {fill!r}, {out_type}), "
+                             f"mask={first})")
         pos = "(L - 1 - p)" if match.spec["read_reversed"] else "p"
-        lines.append(f"        idx = (o * L + {pos}) * INNER + i")
+        lines.append(f"        idx = (o * LIN + {pos}) * INNER + i")
+        src = next(n for n in match.inputs + match.nodes if n.name == match.spec["source"])
+        prologue = self._feeding(src, match)
         env: dict[fx.Node, str] = {}
         for k, node in enumerate(match.inputs):
-            off = offset_expr(full, broadcast_strides(shape(node), full), "idx")
+            if node is not src and not any(node in n.all_input_nodes for n in prologue):
+                continue  # read only for its shape (what sized an exclusive scan's constant)
+            off = offset_expr(loaded, broadcast_strides(shape(node), loaded), "idx")
             where = ", mask=m" if "idx" in off else ""  # one value broadcast along every dimension: a scalar load
             lines.append(f"        in{k} = tl.load(in{k}_ptr + {off}{where}).to({load_type(node)})")
             env[node] = f"in{k}"
         body: list[str] = []
-        prologue = [n for n in match.nodes if n.name not in (match.spec["scan"],) and op_name(n) != "flip"]
         env = emit(prologue, env, body)
         lines += ["        " + b for b in body]
-        src = next(n for n in match.inputs + match.nodes if n.name == match.spec["source"])
         lines.append(f"        x = tl.where(m, ({env[src]}).to({acc}), {identity})")
         lines.append(f"        y = {scan_fn}(x, axis={axis})")
         lines.append(f"        y = y {combine} carry{'[:, None]' if axis == 1 else '[None, :]'}")
         reduce = f"tl.sum(x, axis={axis})" if combine == "+" else f"tl.reduce(x, {axis}, {name}_mul)"
         lines.append(f"        carry = carry {combine} {reduce}")
         wpos = "(L - 1 - p)" if match.spec["write_reversed"] else "p"
-        lines.append(f"        tl.store(out_ptr + (o * L + {wpos}) * INNER + i, y.to({TL_DTYPES[dtype(out_node)]}), mask=m)")
+        shift = " + 1" if fill is not None else ""
+        lines.append(f"        tl.store(out_ptr + (o * LOUT + {wpos}{shift}) * INNER + i, y.to({out_type}), mask=m)")
         ins = [f"in{k}" for k in range(len(match.inputs))]
         ptrs = ", ".join([f"{a}_ptr" for a in ins] + ["out_ptr"])
         kernel = "\n".join(lines)
@@ -147,19 +212,32 @@ def {name}_mul(a, b):
 
 
 @triton.jit
-def {lead}({ptrs}, L: tl.constexpr, INNER: tl.constexpr, BLOCK: tl.constexpr):
+def {lead}({ptrs}, L: tl.constexpr, LIN: tl.constexpr, LOUT: tl.constexpr, INNER: tl.constexpr,
+        BLOCK: tl.constexpr):
 {kernel}
 
 
 def {name}({", ".join(ins)}):
     {"; ".join(f"{a} = {a}.contiguous()" for a in ins)}
-    out = torch.empty({list(full)!r}, dtype={dtype(out_node)}, device=in0.device)
-    {lead}[({grid},)]({", ".join(ins)}, out, L={length}, INNER={inner}, BLOCK={block}, num_warps={warps})
+    out = torch.empty({list(shape(out_node))!r}, dtype={dtype(out_node)}, device=in0.device)
+    {lead}[({grid},)]({", ".join(ins)}, out, L={length}, LIN={loaded[d]}, LOUT={shape(out_node)[d]}, INNER={inner},
+        BLOCK={block}, num_warps={warps})
     return (out,)
 '''
 
     @staticmethod
-    def _setup(inner: int, outer: int, length: int, width: int, block: int, acc: str, identity: str) -> list[str]:
+    def _feeding(src: fx.Node, match: Match) -> list[fx.Node]:
+        """The region's pointwise ops that compute the scan's input, in graph order."""
+        inside, found, todo = set(match.nodes), set(), [src]
+        while todo:
+            n = todo.pop()
+            if n in inside and n not in found:
+                found.add(n)
+                todo.extend(n.all_input_nodes)
+        return [n for n in match.nodes if n in found]
+
+    @staticmethod
+    def _setup(inner: int, outer: int, width: int, block: int, acc: str, identity: str) -> list[str]:
         """The program's rows and the loop over chunks, up to the chunk's positions ``p`` and its mask ``m``."""
         if inner == 1:  # [ROWS, BLOCK]: rows of the last dimension
             return [f"    o = tl.program_id(0).to(tl.int64) * {width} + tl.arange(0, {width})[:, None]",

@@ -42,14 +42,15 @@ def k0_scan_mul(a, b):
 
 
 @triton.jit
-def k0_scan_cols(in0_ptr, out_ptr, L: tl.constexpr, INNER: tl.constexpr, BLOCK: tl.constexpr):
+def k0_scan_cols(in0_ptr, out_ptr, L: tl.constexpr, LIN: tl.constexpr, LOUT: tl.constexpr, INNER: tl.constexpr,
+        BLOCK: tl.constexpr):
     o = tl.program_id(0).to(tl.int64) // 1
     i = (tl.program_id(0) % 1) * 64 + tl.arange(0, 64)[None, :]
     carry = tl.full([64], 1, tl.float32)
     for start in range(0, L, BLOCK):
         p = start + tl.arange(0, BLOCK)[:, None]
         m = (p < L) & (i < INNER)
-        idx = (o * L + p) * INNER + i
+        idx = (o * LIN + p) * INNER + i
         in0 = tl.load(in0_ptr + idx, mask=m).to(tl.float32)
         t0 = (in0 * 0.5)
         t1 = (t0 + 0.75)
@@ -57,13 +58,14 @@ def k0_scan_cols(in0_ptr, out_ptr, L: tl.constexpr, INNER: tl.constexpr, BLOCK: 
         y = tl.cumprod(x, axis=0)
         y = y * carry[None, :]
         carry = carry * tl.reduce(x, 0, k0_scan_mul)
-        tl.store(out_ptr + (o * L + p) * INNER + i, y.to(tl.float32), mask=m)
+        tl.store(out_ptr + (o * LOUT + p) * INNER + i, y.to(tl.float32), mask=m)
 
 
 def k0_scan(in0):
     in0 = in0.contiguous()
     out = torch.empty([3, 40, 45], dtype=torch.float32, device=in0.device)
-    k0_scan_cols[(3,)](in0, out, L=40, INNER=45, BLOCK=32, num_warps=4)
+    k0_scan_cols[(3,)](in0, out, L=40, LIN=40, LOUT=40, INNER=45,
+        BLOCK=32, num_warps=4)
     return (out,)
 
 
