@@ -504,6 +504,12 @@ def _drop_dead(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+def _aliases(target: Any) -> bool:
+    """An ATen op whose result shares its memory with an argument (a view, or an in-place op's return)."""
+    return isinstance(target, torch._ops.OpOverload) and any(r.alias_info is not None
+                                                             for r in target._schema.returns)
+
+
 def _out_of_place(graph: fx.Graph) -> None:
     """An in-place pointwise op on a value the forward made itself, through no view (``nn.ReLU(inplace=True)`` after a
     convolution), becomes its out-of-place form, and what reads the value after the write reads the new node: the
@@ -520,12 +526,9 @@ def _out_of_place(graph: fx.Graph) -> None:
                 and isinstance(written, fx.Node) and written.op == "call_function"):
             continue
         made = written.target
-        if not isinstance(made, torch._ops.OpOverload) or made._schema.is_mutable or any(
-                r.alias_info is not None for r in made._schema.returns):
+        if not isinstance(made, torch._ops.OpOverload) or made._schema.is_mutable or _aliases(made):
             continue  # a view or an in-place result: the write would reach other memory
-        if any(isinstance(u.target, torch._ops.OpOverload) and any(r.alias_info is not None
-                                                                   for r in u.target._schema.returns)
-               and u is not node for u in written.users):
+        if any(_aliases(u.target) and u is not node for u in written.users):
             continue  # a view of it is read somewhere: the write shows through that view
         pure = getattr(getattr(torch.ops.aten, name[:-1], None), target._overloadname, None)
         if pure is None:
@@ -615,8 +618,7 @@ def _written_later(node: fx.Node) -> bool:
             target = u.target
             if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
                 return True
-            if isinstance(target, torch._ops.OpOverload) and any(r.alias_info is not None
-                                                                 for r in target._schema.returns):
+            if _aliases(target):
                 todo.append(u)  # a view: what writes it writes the node
     return False
 

@@ -8,6 +8,7 @@ import torch
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import op_name, shape
+from kernelevolve.analyze.pointwise import can_emit
 
 # The ATen ops that move no values, by what they do; each family takes the union it can follow.
 RESHAPES = {"view", "_unsafe_view", "reshape"}
@@ -110,3 +111,29 @@ def closed(nodes: set[fx.Node], extra: list[fx.Node]) -> bool:
 def pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(n - 1, 0).bit_length()
+
+
+def broadcasts_to(node: fx.Node, full: tuple[int, ...]) -> bool:
+    """``node``'s value broadcasts to ``full`` without growing it."""
+    s = shape(node)
+    return len(s) <= len(full) and all(a == b or a == 1 for a, b in zip(reversed(s), reversed(full)))
+
+
+def feeding_prologue(src: Any, full: tuple[int, ...], used: set[fx.Node]) -> set[fx.Node]:
+    """The pointwise ops that only feed ``src`` into a kernel (``x * mask`` before a scan, an activation before a pool),
+    back to the inputs: ``src`` of the kernel's ``full`` shape, the values before it broadcast to it (a scale of one
+    row, a scalar). A node read by anything outside would be a second output: only the chain stays."""
+    region: set[fx.Node] = set()
+    stack = [src]
+    while stack:
+        n = stack.pop()
+        if (not isinstance(n, fx.Node) or n in used or n in region or n.op != "call_function"
+                or not can_emit(n) or not broadcasts_to(n, full) or (n is src and shape(n) != full)
+                or any(not broadcasts_to(a, full) for a in n.all_input_nodes)):
+            continue
+        if n is not src and any(u not in region and u not in used for u in n.users):
+            continue
+        region.add(n)
+        stack.extend(n.all_input_nodes)
+    inside = used | region
+    return {n for n in region if all(u in inside for u in n.users)}

@@ -9,6 +9,7 @@ import torch.fx as fx
 from kernelevolve.analyze.graph import CapturedGraph, convex_core, dtype, shape
 from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit, emit
 from kernelevolve.templates.base import Match, make_match
+from kernelevolve.templates.graphutil import broadcasts_to
 
 
 def contiguous_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -56,12 +57,6 @@ def offset_expr(sizes: tuple[int, ...], strides: tuple[int, ...], idx: str) -> s
     return " + ".join(reversed(terms)) or "0"
 
 
-def _fits(node: fx.Node, full: tuple[int, ...]) -> bool:
-    s = shape(node)
-    if len(s) > len(full):
-        return False
-    return all(a == b or a == 1 for a, b in zip(reversed(s), reversed(full)))
-
 
 class PointwiseTemplate:
     family = "pointwise"
@@ -100,7 +95,7 @@ class PointwiseTemplate:
             # siblings (other full-shape readers of the same inputs) become more outputs of one kernel
             siblings = [u for a in n.all_input_nodes if a not in region for u in a.users if shape(u) == full]
             for nb in list(n.all_input_nodes) + list(n.users) + siblings:
-                if nb in pool and nb not in region and _fits(nb, full):
+                if nb in pool and nb not in region and broadcasts_to(nb, full):
                     if nb in n.users and shape(nb) != full:
                         continue
                     region.add(nb)

@@ -9,19 +9,15 @@ import torch
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
-from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit, emit
+from kernelevolve.analyze.pointwise import TL_DTYPES, emit
 from kernelevolve.templates.base import Match, make_match
-from kernelevolve.templates.graphutil import bind
+from kernelevolve.templates.graphutil import bind, feeding_prologue
 from kernelevolve.templates.pointwise import broadcast_strides, load_type, offset_expr
 
 # the ATen pool and the number of spatial dims it pools over
 POOLS = {"avg_pool2d": 2, "avg_pool3d": 3, "max_pool2d_with_indices": 2, "max_pool3d_with_indices": 3}
 UNROLL = 64  # windows up to this many elements are unrolled; larger ones walk a loop
 
-
-def _fits(node: fx.Node, full: tuple[int, ...]) -> bool:
-    s = shape(node)
-    return len(s) <= len(full) and all(a == b or a == 1 for a, b in zip(reversed(s), reversed(full)))
 
 
 def _per_dim(value: Any, nd: int, default: Any = None) -> list[int]:
@@ -88,7 +84,7 @@ class PoolTemplate:
             if len(out.users) == 1 and _unit_view(next(iter(out.users)), "squeeze"):
                 out = next(iter(out.users))
                 region.add(out)
-            region |= self._prologue(src, shape(src), used | region)
+            region |= feeding_prologue(src, shape(src), used | region)
             spec.update(full=list(shape(seed.args[0])), loaded=list(shape(src)), out=list(pooled), pool=seed.name,
                         source=src.name)
             m = make_match(self.family, list(region), spec)
@@ -97,23 +93,6 @@ class PoolTemplate:
             matches.append(m)
             used |= set(m.nodes)
         return matches
-
-    def _prologue(self, src: Any, full: tuple[int, ...], used: set[fx.Node]) -> set[fx.Node]:
-        """The pointwise ops that only feed the pool, back to the inputs (as the scan family takes them)."""
-        region: set[fx.Node] = set()
-        stack = [src]
-        while stack:
-            n = stack.pop()
-            if (not isinstance(n, fx.Node) or n in used or n in region or n.op != "call_function"
-                    or not can_emit(n) or not _fits(n, full) or (n is src and shape(n) != full)
-                    or any(not _fits(a, full) for a in n.all_input_nodes)):
-                continue
-            if n is not src and any(u not in region and u not in used for u in n.users):
-                continue
-            region.add(n)
-            stack.extend(n.all_input_nodes)
-        inside = used | region
-        return {n for n in region if all(u in inside for u in n.users)}
 
     def space(self, match: Match, device: str) -> dict[str, list[Any]]:
         return {"BLOCK": [256, 512, 128, 1024], "num_warps": [4, 8, 2]}

@@ -8,9 +8,9 @@ import torch
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
-from kernelevolve.analyze.pointwise import TL_DTYPES, can_emit, emit
+from kernelevolve.analyze.pointwise import TL_DTYPES, emit
 from kernelevolve.templates.base import HopelessConfig, Match, make_match
-from kernelevolve.templates.graphutil import pow2
+from kernelevolve.templates.graphutil import ancestors_within, feeding_prologue, pow2
 from kernelevolve.templates.pointwise import broadcast_strides, load_type, offset_expr
 
 # the ATen scan, the operation its chunks combine with, and that operation's identity
@@ -25,11 +25,6 @@ def _flip_of(node: Any, d: int) -> bool:
     rank = len(shape(node))
     return rank > 0 and sorted({int(x) % rank for x in node.args[1]}) == [d]
 
-
-def _fits(node: fx.Node, full: tuple[int, ...]) -> bool:
-    """Broadcastable to ``full`` without growing it."""
-    s = shape(node)
-    return len(s) <= len(full) and all(a == b or a == 1 for a, b in zip(reversed(s), reversed(full)))
 
 
 FILLS = {"full_like": 1, "full": 1, "new_full": 2, "zeros_like": 0.0, "zeros": 0.0, "new_zeros": 0.0,
@@ -113,7 +108,7 @@ class ScanTemplate:
                     region.add(src)
                     src = src.args[0]
                     loaded = shape(src)
-            region |= self._prologue(src, loaded, used | region)
+            region |= feeding_prologue(src, loaded, used | region)
             spec = {"full": list(full), "dim": d, "op": op_name(seed), "scan": seed.name, "source": src.name,
                     "read_reversed": read_rev, "write_reversed": out is not seed and fill is None,
                     "loaded": list(loaded), "fill": fill}
@@ -123,25 +118,6 @@ class ScanTemplate:
             matches.append(m)
             used |= set(m.nodes)
         return matches
-
-    def _prologue(self, src: Any, full: tuple[int, ...], used: set[fx.Node]) -> set[fx.Node]:
-        """The pointwise ops that only feed the scan (``x * mask``), back to the inputs: the scan's input of its full
-        shape, the values before it broadcast to it (a scale of one row, a scalar)."""
-        region: set[fx.Node] = set()
-        stack = [src]
-        while stack:
-            n = stack.pop()
-            if (not isinstance(n, fx.Node) or n in used or n in region or n.op != "call_function"
-                    or not can_emit(n) or not _fits(n, full) or (n is src and shape(n) != full)
-                    or any(not _fits(a, full) for a in n.all_input_nodes)):
-                continue
-            if any(u not in region and u not in used for u in n.users) and n is not src:
-                continue
-            region.add(n)
-            stack.extend(n.all_input_nodes)
-        # a node read by something outside (besides the scan chain) would be a second output: only the chain stays
-        inside = used | region
-        return {n for n in region if all(u in inside for u in n.users)}
 
     def space(self, match: Match, device: str) -> dict[str, list[Any]]:
         space: dict[str, list[Any]] = {"TILE": [2048, 4096, 1024, 8192, 512], "num_warps": [4, 8, 2, 16]}
@@ -182,7 +158,8 @@ class ScanTemplate:
         pos = "(L - 1 - p)" if match.spec["read_reversed"] else "p"
         lines.append(f"        idx = (o * LIN + {pos}) * INNER + i")
         src = next(n for n in match.inputs + match.nodes if n.name == match.spec["source"])
-        prologue = self._feeding(src, match)
+        feeding = set(ancestors_within(src, set(match.inputs)))  # the region is convex: its inputs bound the walk
+        prologue = [n for n in match.nodes if n in feeding]
         env: dict[fx.Node, str] = {}
         for k, node in enumerate(match.inputs):
             if node is not src and not any(node in n.all_input_nodes for n in prologue):
@@ -224,17 +201,6 @@ def {name}({", ".join(ins)}):
         BLOCK={block}, num_warps={warps})
     return (out,)
 '''
-
-    @staticmethod
-    def _feeding(src: fx.Node, match: Match) -> list[fx.Node]:
-        """The region's pointwise ops that compute the scan's input, in graph order."""
-        inside, found, todo = set(match.nodes), set(), [src]
-        while todo:
-            n = todo.pop()
-            if n in inside and n not in found:
-                found.add(n)
-                todo.extend(n.all_input_nodes)
-        return [n for n in match.nodes if n in found]
 
     @staticmethod
     def _setup(inner: int, outer: int, width: int, block: int, acc: str, identity: str) -> list[str]:
