@@ -134,7 +134,11 @@ def test_a_timing_is_read_on_the_clock_asked_for() -> None:
 
 
 # --- the reference against itself ---------------------------------------------------------------------------------
-CPU_SIZES = [(64, 64), (512, 1000), (2048, 2048)]
+# The smallest call (about 0.04 ms, mostly Python) timed in two separate processes on a shared 2-core machine read
+# 0.39x, 0.48x, 0.54x and 0.59x in single pairs, and a median of three pairs of 0.54x in one CI run with the machine
+# otherwise idle: noise between processes that no bound short of meaninglessness holds. It runs with the slow tests;
+# in the default run the interleaved head-to-head below is what guards a small call.
+CPU_SIZES = [pytest.param(64, 64, marks=pytest.mark.slow), (512, 1000), (2048, 2048)]
 
 
 @pytest.mark.parametrize("rows, cols", CPU_SIZES)
