@@ -107,8 +107,10 @@ def run_model(path: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]
             "hot": [{k: r[k] for k in ("name", "kind", "where", "ms", "share")} for r in plan.get("hot", [])[:5]],
             "problems": [{k: p.get(k) for k in ("name", "kind", "where", "ms", "share", "budget_s", "why")}
                          for p in plan.get("problems", [])],
-            "region_answers": [{k: r.get(k) for k in ("name", "run_id", "speedup", "answer", "why")}
+            "region_answers": [{k: r.get(k) for k in ("name", "run_id", "speedup", "answer", "why", "budget_s",
+                                                      "wall_s")}
                                for r in rep.get("regions", [])],
+            "phases": rep.get("phases") or {},
             "waterfall": water}
     return row
 
@@ -145,7 +147,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'model':<32} {'status':<9} {'kept':>4} {'eager':>7} {'compile':>8} {'max-at':>7} {'do_bench':>9} "
-          f"{'before':>9} {'after':>9}")
+          f"{'before':>9} {'after':>9} {'wall s':>7}")
     for r in rows:
         s = r.get("speedup") or {}
         water = {w["name"]: w for w in r.get("waterfall") or []}
@@ -159,7 +161,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(f"{r['model'][:32]:<32} {r.get('status', '')[:9]:<9} {len(r.get('kept') or []):>4} "
               f"{x(s.get('eager')):>7} {x(s.get('compiled')):>8} {x(s.get('max_autotune')):>7} "
               f"{x((r.get('do_bench') or {}).get('speedup_eager')):>9}{'*' if r.get('clock_disagrees') else ' '}"
-              f"{ms(whole.get('before_ms')):>9} {ms(whole.get('after_ms')):>9}")
+              f"{ms(whole.get('before_ms')):>9} {ms(whole.get('after_ms')):>9} {r.get('wall_s') or 0:>7.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -161,6 +161,8 @@ def cmd_optimize_model(args: argparse.Namespace) -> int:
         ends = ", ".join(f"{h.speedup[k]:.2f}x vs {k}" for k in h.speedup)
         console.print(f"end to end: {ends}", markup=False)
     console.print(f"{outcome.best_model}: {outcome.why}", markup=False)
+    if outcome.time_line():
+        console.print(outcome.time_line(), markup=False, soft_wrap=True)
     if outcome.report is not None:
         console.print(f"report: {outcome.report}", markup=False)
     if outcome.run_id is not None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelevolve.model.budget import Claim, allocate, saving
+from kernelevolve.model.budget import Claim, Pacer, allocate, saving
 
 
 def test_the_budget_follows_the_time_a_kernel_could_save() -> None:
@@ -31,3 +31,54 @@ def test_problems_too_small_to_matter_are_left_alone(claims, total, budget, alon
 
 def test_saving_never_negative() -> None:
     assert saving(Claim("x", 1.0, 2.0)) == 0.0
+
+
+def test_each_run_that_goes_costs_its_overhead_beside_its_search() -> None:
+    shares = allocate([Claim("a", 6.0, 0.0), Claim("b", 3.0, 0.0), Claim("c", 1.0, 0.0)], 10.0, 200.0,
+                      min_budget_s=15.0, overhead_s=40.0)
+    got = {s.name: s.budget_s for s in shares}
+    # three runs would leave 80 s of search, c's share 8 s: c goes, and a and b share 200 - 2 * 40
+    assert got["c"] == 0 and "40 s a run spends" in next(s.why for s in shares if s.name == "c")
+    assert got["a"] == pytest.approx(120 * 6 / 9) and got["b"] == pytest.approx(120 * 3 / 9)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize("spent", [10.0, 0.0, 150.0])
+def test_the_pacer_shares_what_is_left_as_each_run_starts(spent) -> None:
+    """Each run takes its search budget and ``spent`` more: the next shares what is left of the 300 s by claim, less
+    the overhead measured; where nothing is left, it does not start."""
+    clock = Clock()
+    claims = [Claim("a", 5.0, 0.0), Claim("b", 2.0, 0.0), Claim("c", 1.0, 0.0)]
+    pacer = Pacer(claims, 8.0, deadline=300.0, overhead_s=20.0, clock=clock)
+    a = pacer.start("a")
+    assert a.budget_s == pytest.approx((300 - 3 * 20) * 5 / 8)  # the first estimate of the overhead
+    clock.t += a.budget_s + spent
+    pacer.finish("a")
+    assert pacer.overhead() == pytest.approx(spent)
+    b = pacer.start("b")
+    if 300 - clock.t - 2 * spent < 2 * 15:  # two runs of at least 15 s each do not fit
+        assert b.budget_s == 0 and "budget ran out" in b.why
+        assert pacer.start("c").budget_s == 0  # a smaller claim than b's
+        return
+    assert b.budget_s == pytest.approx((300 - clock.t - 2 * spent) * 2 / 3)
+    clock.t += b.budget_s + spent
+    pacer.finish("b")
+    c = pacer.start("c")
+    assert c.budget_s == pytest.approx(300 - clock.t - spent)
+    assert clock.t + c.budget_s + spent == pytest.approx(300)  # the last run ends with the budget
+
+
+def test_runs_under_way_in_other_lanes_hold_their_time() -> None:
+    clock = Clock()
+    pacer = Pacer([Claim("a", 1.0, 0.0), Claim("b", 1.0, 0.0)], 2.0, deadline=100.0, overhead_s=10.0, lanes=2,
+                  clock=clock)
+    a, b = pacer.start("a"), pacer.start("b")
+    # two lanes of 100 s: a's share of 200 - 2 * 10; b starts beside it, with what a does not hold
+    assert a.budget_s == pytest.approx(90.0) and b.budget_s == pytest.approx(200 - (90 + 10) - 10)

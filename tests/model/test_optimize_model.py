@@ -17,7 +17,7 @@ from tests.model.test_regions import BLOCKS
 def _own_code_as_kernels(monkeypatch: pytest.MonkeyPatch, broken: str | None = None) -> None:
     """Each problem 'answers' with its own reference as a kernel (one of them broken, if asked: a per-column shift,
     which a layer norm after it would not hide), as a run would."""
-    def fake(plan, cfg, store, on_stage=lambda s: None, resume=False):
+    def fake(plan, cfg, store, on_stage=lambda s: None, resume=False, deadline=None):
         out = []
         for g in plan.groups:
             best = plan.out_dir / g.name / "best.py"

@@ -154,3 +154,43 @@ def test_tables_alike_but_for_their_jagged_totals_are_one_problem(tmp_path: Path
         xs = ref_mod.get_inputs()
         with torch.no_grad():
             torch.testing.assert_close(new(*xs), ref(*xs))
+
+
+def test_runs_stop_starting_when_the_models_budget_is_spent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each problem's run gets its share of what is left as it starts; once a run has spent the rest, the others
+    are left alone and say why."""
+    from types import SimpleNamespace
+
+    import kernelevolve.optimize as optimize_mod
+    from kernelevolve.model.budget import Claim, Pacer
+    from kernelevolve.model.lanes import run_all
+    from kernelevolve.optimize import OptimizeConfig
+
+    now = [0.0]
+    budgets: list[float] = []
+
+    def fake_optimize(path, cfg, store, out, resume=None):
+        budgets.append(cfg.time_budget_s)
+        now[0] += cfg.time_budget_s + 100.0  # a run far over its search budget
+        return SimpleNamespace(run_id=len(budgets), files={}, head_to_head=None, best_result=None,
+                               best_why="the reference itself")
+
+    monkeypatch.setattr(optimize_mod, "optimize", fake_optimize)
+    cfg = OptimizeConfig(device="cpu")
+    jobs = [(n, tmp_path / f"{n}.py", cfg, tmp_path / n) for n in ("a", "b", "c")]
+    pacer = Pacer([Claim("a", 4.0, 0.0), Claim("b", 2.0, 0.0), Claim("c", 1.0, 0.0)], 7.0, deadline=200.0,
+                  overhead_s=10.0, clock=lambda: now[0])
+    stages: list[str] = []
+    done = run_all(jobs, cfg, None, stages.append, pacer=pacer)
+    assert budgets == [pytest.approx((200 - 30) * 4 / 7)]  # only a ran, with its share of the model's budget
+    assert done["a"]["budget_s"] == budgets[0] and done["a"]["run_id"] == 1
+    assert done["b"]["run_id"] is None and "budget ran out" in done["b"]["why"]
+    assert done["c"]["run_id"] is None and any(s.startswith("c: left alone") for s in stages)
+
+
+def test_a_run_inside_a_model_reads_no_counters() -> None:
+    from kernelevolve.model.plan import region_config
+    from kernelevolve.optimize import OptimizeConfig
+
+    cfg = region_config(OptimizeConfig(device="cuda", counters=True), 42.0)
+    assert cfg.time_budget_s == 42.0 and not cfg.counters

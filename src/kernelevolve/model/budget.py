@@ -4,13 +4,34 @@ A problem's claim is the time a kernel could still save: its regions' time in th
 Problems under ``min_share`` of the model's time are left alone (a perfect kernel there gains the model less than
 that), and so is any problem whose share of the budget would fall under ``min_budget_s`` (too short for one
 search): its share goes to the others, smallest claim first.
+
+The budget is wall time: the plan and every problem's whole run come out of it, not only the searches. A problem's
+run spends ``overhead_s`` beyond its search (its baselines, its head-to-head, processes that start and load), so each
+problem that runs costs its share plus that; ``Pacer`` shares what is left again as each run starts, with the
+overhead the finished runs measured.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 MIN_SHARE = 0.02  # of the model's time
 MIN_BUDGET_S = 15.0  # a search shorter than this rarely gets past the baselines
+# What a problem's run spends beyond its search before any run has finished, by device: timing the baselines
+# (loads, torch.compile builds) and the head-to-head. On a GPU from twelve suite runs at a 20 s budget on the H200
+# (baselines 11-19 s, head-to-heads 22-44 s; run time less budget 38-77 s, median 51 s); on the CPU from two region
+# runs of a small DCN-v2 on two cores (baselines 11 s, head-to-heads 44 and 71 s).
+BASELINE_S = {"cuda": 15.0, "cpu": 12.0}
+HEAD_TO_HEAD_S = {"cuda": 35.0, "cpu": 50.0}
+
+
+def run_overhead_s(device: str, head_to_head: bool = True) -> float:
+    """The first estimate of a problem's run beyond its search."""
+    dev = device if device in BASELINE_S else "cpu"
+    return BASELINE_S[dev] + (HEAD_TO_HEAD_S[dev] if head_to_head else 0.0)
 
 
 @dataclass(frozen=True)
@@ -35,8 +56,9 @@ def saving(c: Claim) -> float:
 
 
 def allocate(claims: list[Claim], total_ms: float, budget_s: float, min_share: float = MIN_SHARE,
-             min_budget_s: float = MIN_BUDGET_S) -> list[Share]:
-    """Each problem's budget, in the order given."""
+             min_budget_s: float = MIN_BUDGET_S, overhead_s: float = 0.0) -> list[Share]:
+    """Each problem's search budget, in the order given: ``budget_s`` less ``overhead_s`` for each problem that
+    runs, shared by claim."""
     why: dict[str, str] = {}
     live = []
     for c in claims:
@@ -47,20 +69,17 @@ def allocate(claims: list[Claim], total_ms: float, budget_s: float, min_share: f
             why[c.name] = "left alone: already at its roofline floor"
         else:
             live.append(c)
+    beside = f", beside about {overhead_s:.0f} s a run spends on baselines and its head-to-head" if overhead_s else ""
     while live:
-        weight = sum(saving(c) for c in live)
-        budgets = {c.name: budget_s * saving(c) / weight for c in live}
+        budgets = _shares(live, budget_s - overhead_s * len(live))
         short = [c for c in live if budgets[c.name] < min_budget_s]
         if not short:
             break
         drop = min(short, key=saving)
-        why[drop.name] = f"left alone: its share of the budget ({budgets[drop.name]:.0f} s) is under " \
-                         f"{min_budget_s:.0f} s"
+        why[drop.name] = f"left alone: its share of the budget ({max(budgets[drop.name], 0):.0f} s) is under " \
+                         f"{min_budget_s:.0f} s{beside}"
         live.remove(drop)
-    budgets = {}
-    if live:
-        weight = sum(saving(c) for c in live)
-        budgets = {c.name: budget_s * saving(c) / weight for c in live}
+    budgets = _shares(live, budget_s - overhead_s * len(live)) if live else {}
     out = []
     for c in claims:
         b = budgets.get(c.name, 0.0)
@@ -68,3 +87,54 @@ def allocate(claims: list[Claim], total_ms: float, budget_s: float, min_share: f
                                    f"{saving(c):.3f} ms to save")
         out.append(Share(c.name, b, saving(c), line))
     return out
+
+
+def _shares(live: list[Claim], seconds: float) -> dict[str, float]:
+    weight = sum(saving(c) for c in live)
+    return {c.name: seconds * saving(c) / weight for c in live}
+
+
+@dataclass
+class Pacer:
+    """The model's budget, shared again as each problem's run starts: what is left before ``deadline`` (a
+    ``clock`` time), over the lanes that run at once, less what the runs under way still hold, among the problems
+    not started yet, each less the overhead the finished runs measured (``overhead_s`` before any has finished).
+    ``claims`` are the problems that the plan gave a share, in the order they run."""
+    claims: list[Claim]
+    total_ms: float
+    deadline: float
+    overhead_s: float
+    lanes: int = 1
+    min_budget_s: float = MIN_BUDGET_S
+    clock: Callable[[], float] = time.monotonic
+    measured: list[float] = field(default_factory=list)  # each finished run's time beyond its search budget
+    running: dict[str, tuple[float, float]] = field(default_factory=dict)  # name: (started, search budget)
+    started: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def overhead(self) -> float:
+        return statistics.median(self.measured) if self.measured else self.overhead_s
+
+    def start(self, name: str) -> Share:
+        """The search budget of ``name``'s run, starting now (0, and why, where the budget has run out)."""
+        with self.lock:
+            now, overhead = self.clock(), self.overhead()
+            held = sum(max(0.0, t0 + b + overhead - now) for t0, b in self.running.values())
+            seconds = (self.deadline - now) * self.lanes - held
+            left = [c for c in self.claims if c.name not in self.started]
+            share = next(s for s in allocate(left, self.total_ms, seconds, 0.0, self.min_budget_s, overhead)
+                         if s.name == name)
+            self.started.add(name)
+            if share.budget_s <= 0:
+                why = f"left alone: the model's budget ran out ({max(self.deadline - now, 0):.0f} s left, about " \
+                      f"{overhead:.0f} s a run beyond its search)"
+                return Share(name, 0.0, share.claim_ms, why)
+            self.running[name] = (now, share.budget_s)
+            return share
+
+    def finish(self, name: str) -> None:
+        """``name``'s run has ended: its time beyond its search is measured."""
+        with self.lock:
+            if name in self.running:
+                t0, budget = self.running.pop(name)
+                self.measured.append(max(0.0, self.clock() - t0 - budget))

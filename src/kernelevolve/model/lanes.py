@@ -15,10 +15,13 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
+
+from kernelevolve.model.budget import Pacer
 
 MAX_RAY_RUNS = 8  # runs at once on a Ray cluster
 
@@ -101,11 +104,13 @@ def run_in_lane(path: Path, cfg: Any, db: Path, out_dir: Path, device: str | Non
 
 
 def run_all(jobs: list[tuple[str, Path, Any, Path]], cfg: Any, store: Any, on_stage: Callable[[str], None],
-            labels: dict[str, str] | None = None, resume: bool = False) -> dict[str, dict[str, Any]]:
-    """Each job (name, problem file, its config, its output folder) run in the lanes; the fields by name.
-    ``labels``: what the progress line calls each job (default: its name). With ``resume``, a problem whose run
-    finished earlier (the same file, in the same store) keeps that run's answer, and one whose run stopped goes on
-    from where it stopped."""
+            labels: dict[str, str] | None = None, resume: bool = False,
+            pacer: Pacer | None = None) -> dict[str, dict[str, Any]]:
+    """Each job (name, problem file, its config, its output folder) run in the lanes; the fields by name, with the
+    run's wall time. ``labels``: what the progress line calls each job (default: its name). With ``resume``, a
+    problem whose run finished earlier (the same file, in the same store) keeps that run's answer, and one whose run
+    stopped goes on from where it stopped. With a ``pacer``, each new run's search budget is its share of what is
+    left of the model's budget as it starts, and a run whose share has run out does not start."""
     from kernelevolve.optimize import optimize
 
     lanes = lane_devices(cfg, len(jobs))
@@ -124,19 +129,34 @@ def run_all(jobs: list[tuple[str, Path, Any, Path]], cfg: Any, store: Any, on_st
     done = {k: v for k, v in earlier.items() if isinstance(v, dict)}
     jobs = [j for j in jobs if j[0] not in done]
 
+    if pacer is not None:
+        pacer.lanes = len(lanes)
+
     def one(job: tuple[str, Path, Any, Path]) -> tuple[str, dict[str, Any]]:
         name, path, job_cfg, out = job
         again = earlier.get(name)
+        label = (labels or {}).get(name, name)
+        if pacer is not None and not again:
+            share = pacer.start(name)
+            if share.budget_s <= 0:
+                on_stage(f"{label}: {share.why}")
+                return name, {"run_id": None, "best": None, "speedup": None, "answer": "", "why": share.why}
+            job_cfg = replace(job_cfg, time_budget_s=share.budget_s)
         with lock:
             device = free.pop(0)
+        t0 = time.monotonic()
         try:
-            on_stage(f"{(labels or {}).get(name, name)}: {job_cfg.time_budget_s:.0f} s"
+            on_stage(f"{label}: {job_cfg.time_budget_s:.0f} s"
                      + (f" on GPU {device}" if device is not None else "") + (f", run {again} resumed" if again else ""))
             if device is not None:
-                return name, run_in_lane(path, job_cfg, store.path, out, device, again)
-            own = store if len(lanes) == 1 else type(store)(store.path)  # a connection per thread
-            return name, outcome_fields(optimize(path, job_cfg, own, out, resume=again))
+                fields = run_in_lane(path, job_cfg, store.path, out, device, again)
+            else:
+                own = store if len(lanes) == 1 else type(store)(store.path)  # a connection per thread
+                fields = outcome_fields(optimize(path, job_cfg, own, out, resume=again))
+            return name, fields | {"wall_s": round(time.monotonic() - t0, 1), "budget_s": job_cfg.time_budget_s}
         finally:
+            if pacer is not None:
+                pacer.finish(name)
             with lock:
                 free.append(device)
 

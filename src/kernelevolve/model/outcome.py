@@ -33,6 +33,10 @@ class ModelOutcome:
     out_dir: Path | None = None
     device: str = "cpu"
     parts: list[dict[str, Any]] = field(default_factory=list)  # by parts: each part's paths, time and answer
+    # seconds: plan_s, problems_s (their runs), whole_s (judging the compositions), total_s; and the budget given
+    phases: dict[str, float] = field(default_factory=dict)
+    budget_s: float | None = None
+    started: float | None = None  # time.monotonic() as the run began
 
     def apply(self, model: Any) -> Any:
         """For a live model's run (``kernelevolve.optimize_model(model, inputs)``): best_model.py around ``model``,
@@ -55,7 +59,16 @@ class ModelOutcome:
                 "head_to_head": h.to_dict() if h is not None else None,
                 "best_model": str(self.best_model) if self.best_model else None, "why": self.why,
                 "waterfall": [asdict(s) for s in self.waterfall],
-                "report": str(self.report) if self.report else None, "notes": self.notes}
+                "report": str(self.report) if self.report else None, "notes": self.notes,
+                "phases": self.phases, "budget_s": self.budget_s}
+
+    def time_line(self) -> str:
+        """One line: where the run's time went, against the budget."""
+        p = self.phases
+        parts = [f"{label} {p[k]:.0f} s" for k, label in (("plan_s", "plan"), ("problems_s", "problem runs"),
+                                                         ("whole_s", "judging the whole")) if k in p]
+        budget = f" (budget {self.budget_s:.0f} s for the plan and the problem runs)" if self.budget_s else ""
+        return f"time: {', '.join(parts)}; {p.get('total_s', 0):.0f} s in all{budget}" if parts else ""
 
 
 class Record:
@@ -124,6 +137,11 @@ def fallback(result: ModelOutcome, source: str, record: Record, why: str) -> Mod
 def finish(result: ModelOutcome, text: str, chosen: list[Any], skipped: list[str],
            record: Record) -> ModelOutcome:
     """best_model.py (with a header saying what it is), model_report.html and model_report.json."""
+    if result.started is not None:
+        total = time.monotonic() - result.started
+        result.phases["total_s"] = round(total, 1)
+        if "problems_s" in result.phases:
+            result.phases["whole_s"] = round(max(total - result.phases["plan_s"] - result.phases["problems_s"], 0), 1)
     record.finish(result)
     out = result.out_dir
     result.kept = [c.name for c in chosen]

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from kernelevolve.analyze.graph import CaptureError, CapturedGraph, capture, dynamic_dims
-from kernelevolve.model.budget import MIN_SHARE, Claim, Share, allocate
+from kernelevolve.model.budget import MIN_SHARE, Claim, Pacer, Share, allocate, run_overhead_s
 from kernelevolve.model.partition import Partition, Region, partition, resign
 from kernelevolve.model.profile import OpTimes, attribute, hot_regions, op_times
 from kernelevolve.model.regionfile import write_region
@@ -74,10 +75,12 @@ class ModelPlan:
 
 
 def plan_model(path: str | Path, device: str, out_dir: Path, budget_s: float = 0.0, min_share: float = MIN_SHARE,
-               on_stage: Callable[[str], None] = lambda s: None) -> ModelPlan:
-    """Profile, cut and write the model's problems into ``out_dir``; with a budget, share it among them."""
+               on_stage: Callable[[str], None] = lambda s: None, overhead_s: float = 0.0) -> ModelPlan:
+    """Profile, cut and write the model's problems into ``out_dir``; with a budget, share what the plan left of it
+    among them, ``overhead_s`` counted for each run beyond its search (budget.py)."""
     from kernelevolve.profile import profile_problem
 
+    t0 = time.monotonic()
     problem = load_problem(path, device)
     on_stage("capturing the model's graph")
     try:
@@ -123,7 +126,9 @@ def plan_model(path: str | Path, device: str, out_dir: Path, budget_s: float = 0
             g.floor_ms = profile_problem(load_problem(g.path, device), device).floor_ms * len(g.regions)
         except (ProblemError, Exception) as e:  # a region whose file fails to load is a bug: say so, go on
             notes.append(f"{g.name}: {type(e).__name__}: {str(e)[:200]}")
-    shares = allocate([Claim(g.name, g.ms, g.floor_ms) for g in groups], times.total_ms, budget_s, min_share)
+    left = max(budget_s - (time.monotonic() - t0), 0.0) if budget_s > 0 else 0.0
+    shares = allocate([Claim(g.name, g.ms, g.floor_ms) for g in groups], times.total_ms, left, min_share,
+                      overhead_s=overhead_s)
     for g, s in zip(groups, shares):
         g.share = s
     groups.sort(key=lambda g: -g.ms)
@@ -140,18 +145,31 @@ class RegionOutcome:
     speedup: float | None  # against the problem's best baseline, from its head-to-head
     why: str
     answer: str = ""  # what best.py is: "candidate", a baseline's name, or "" where nothing ran
+    budget_s: float | None = None  # the search budget its run was given as it started
+    wall_s: float | None = None  # its run's whole time
+
+
+def region_config(cfg: Any, budget_s: float) -> Any:
+    """A problem's run inside a model: its share of the budget, and no hardware counters (two ncu passes a problem
+    that the model's answer does not use; run a problem file alone with ``kernelevolve optimize`` for them)."""
+    return replace(cfg, time_budget_s=budget_s, counters=False)
 
 
 def optimize_regions(plan: ModelPlan, cfg: Any, store: Any, on_stage: Callable[[str], None] = lambda s: None,
-                     resume: bool = False) -> list[RegionOutcome]:
-    """The operator loop on every problem with a budget, largest claim first; in parallel over the local GPUs or a
-    Ray cluster where there are several (lanes.py)."""
+                     resume: bool = False, deadline: float | None = None) -> list[RegionOutcome]:
+    """The operator loop on every problem with a budget, largest first; in parallel over the local GPUs or a Ray
+    cluster where there are several (lanes.py). With a ``deadline`` (a time.monotonic() time: the end of the
+    model's budget), each run's budget is shared again from what is left as it starts (budget.Pacer)."""
     from kernelevolve.model.lanes import run_all
 
-    jobs = [(g.name, g.path, replace(cfg, time_budget_s=g.share.budget_s), plan.out_dir / g.name)
-            for g in plan.groups if g.share is not None and g.share.budget_s > 0]
+    ran = [g for g in plan.groups if g.share is not None and g.share.budget_s > 0]
+    jobs = [(g.name, g.path, region_config(cfg, g.share.budget_s), plan.out_dir / g.name) for g in ran]
     labels = {g.name: f"{g.name} ({g.kind} at {g.regions[0].where})" for g in plan.groups}
-    done = run_all(jobs, cfg, store, on_stage, labels, resume)
+    pacer = None
+    if deadline is not None:
+        pacer = Pacer([Claim(g.name, g.ms, g.floor_ms) for g in ran], plan.times.total_ms, deadline,
+                      run_overhead_s(cfg.device, cfg.head_to_head))
+    done = run_all(jobs, cfg, store, on_stage, labels, resume, pacer)
     out = []
     for g in plan.groups:
         if g.name not in done:
@@ -159,5 +177,5 @@ def optimize_regions(plan: ModelPlan, cfg: Any, store: Any, on_stage: Callable[[
             continue
         f = done[g.name]
         out.append(RegionOutcome(g.name, f["run_id"], Path(f["best"]) if f["best"] else None, f["speedup"], f["why"],
-                                 f["answer"]))
+                                 f["answer"], f.get("budget_s"), f.get("wall_s")))
     return out

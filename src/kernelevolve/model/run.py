@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.headtohead import LABELS
+from kernelevolve.model.budget import run_overhead_s
 from kernelevolve.model.compose import HOSTS, Chosen, compose
 from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line
 from kernelevolve.model.plan import MIN_SHARE, ModelError, ModelPlan, RegionOutcome, optimize_regions, plan_model
@@ -60,24 +62,29 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     a model of which no part can be captured."""
     from kernelevolve.optimize import make_evaluator
 
+    t0 = time.monotonic()
     hosts = hosts or default_hosts(cfg.device)
     unknown = [h for h in hosts if h not in HOSTS]
     if unknown:
         raise ValueError(f"unknown host {', '.join(unknown)}: one of {', '.join(HOSTS)}")
     try:
-        plan = plan_model(path, cfg.device, out_dir, budget_s, min_share, on_stage)
+        plan = plan_model(path, cfg.device, out_dir, budget_s, min_share, on_stage,
+                          run_overhead_s(cfg.device, cfg.head_to_head))
     except ModelError as e:  # not one graph: by its parts that are, where there are some
         from kernelevolve.model.parts import optimize_parts
 
         return optimize_parts(path, cfg, store, out_dir, budget_s, min_share, rivals, on_stage, hosts, e, resume,
                               optimize_model)
     on_plan(plan)
-    outcomes = optimize_regions(plan, cfg, store, on_stage, resume=resume)
+    phases = {"plan_s": round(time.monotonic() - t0, 1)}
+    outcomes = optimize_regions(plan, cfg, store, on_stage, resume=resume, deadline=t0 + budget_s)
+    phases["problems_s"] = round(time.monotonic() - t0 - phases["plan_s"], 1)
     chosen = _chosen(plan, outcomes)
     source = plan.problem.source
     evaluator = make_evaluator(plan.problem, replace(cfg, timeout_s=max(cfg.timeout_s, 600.0)),
                                out_dir / ".work" / "model")
-    result = ModelOutcome(plan, outcomes, [c.name for c in chosen], out_dir=out_dir, device=cfg.device)
+    result = ModelOutcome(plan, outcomes, [c.name for c in chosen], out_dir=out_dir, device=cfg.device,
+                          phases=phases, budget_s=budget_s, started=t0)
     record = Record(store, plan.problem, out_dir, cfg, {o.name: o.run_id for o in outcomes})
     result.run_id = record.run_id
     doc = f"kernelevolve: {Path(plan.problem.path).name} with its regions' kernels"
