@@ -175,15 +175,20 @@ def _call(path: Path, what: str, fn, *args):
 
 def same_values(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 24) -> bool:
     """Bitwise-equal values, with NaN equal to NaN (torch.equal alone calls an untouched input holding a NaN
-    "mutated"). A chunk at a time: the copies it makes stay small next to inputs of many GB."""
-    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+    "mutated"). A chunk at a time: the copies it makes stay small next to inputs of many GB. ``b`` may be on
+    another device than ``a`` (a copy kept in host memory): its chunks go to ``a``'s."""
+    if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if not (a.is_floating_point() or a.is_complex()):
+    floating = a.is_floating_point() or a.is_complex()
+    if not floating and a.device == b.device:
         return torch.equal(a, b)
     a, b = a.reshape(-1), b.reshape(-1)
     for i in range(0, a.numel(), chunk):
-        x, y = a[i:i + chunk], b[i:i + chunk]
-        if not (torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num())):
+        x, y = a[i:i + chunk], b[i:i + chunk].to(a.device)
+        if not floating:
+            if not torch.equal(x, y):
+                return False
+        elif not (torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num())):
             return False
     return True
 

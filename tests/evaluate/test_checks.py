@@ -315,3 +315,19 @@ def test_an_output_rounded_in_a_lower_precision_is_judged_at_its_tolerance():
     assert compare_outputs((ref,), (off,), rounded_in=("bfloat16",)) is None
     assert compare_outputs((ref,), (ref + 0.5,), rounded_in=("bfloat16",)) is not None  # still a tolerance
     assert checks.judged_as(torch.int64, ("bfloat16",), 0) == torch.int64  # integers stay exact
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_same_values_against_a_copy_in_host_memory():
+    """The mutation check of inputs too large to copy on the device keeps its copy in host memory."""
+    from kernelevolve.problem import same_values
+
+    a = torch.randn(1000, device="cuda")
+    a[7] = float("nan")
+    b = a.cpu()
+    assert same_values(a, b, chunk=64)
+    b[999] += 1.0
+    assert not same_values(a, b, chunk=64)
+    assert same_values(torch.arange(9, device="cuda"), torch.arange(9), chunk=4)
+    assert not same_values(torch.arange(9, device="cuda"), torch.arange(1, 10), chunk=4)

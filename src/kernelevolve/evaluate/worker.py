@@ -714,7 +714,7 @@ class Session:
         return self._reset_state if self.state is not None else None
 
     def _call(self, inputs: list[Any]) -> tuple[Any, ...]:
-        before = [v.clone() if isinstance(v, torch.Tensor) else None for v in inputs]
+        before = self._copies(inputs)
         self._reset_state()
         cuda = self.device == "cuda"
         if cuda:
@@ -740,6 +740,17 @@ class Session:
                     if b is not None and not same_values(b, v):
                         raise Fail("rejected", f"forward modified input {i} (the reference does not)")
         return self._with_inputs(as_outputs(out) + self._state_after(), inputs)
+
+    def _copies(self, inputs: list[Any]) -> list[torch.Tensor | None]:
+        """The inputs as they were before a call, for the check that it leaves them alone: on the device, or in host
+        memory where a device copy would leave less room than the inputs take for what the call allocates (inputs
+        of 16 GB on an 80 GB card whose other processes hold the references)."""
+        tensors = [v for v in inputs if isinstance(v, torch.Tensor)]
+        size = sum(v.numel() * v.element_size() for v in tensors)
+        host = self.device == "cuda" and 2 * size > self._free_bytes()
+        with _harness_only():
+            return [(v.to("cpu", copy=True) if host and v.is_cuda else v.clone()) if isinstance(v, torch.Tensor)
+                    else None for v in inputs]
 
     def _with_inputs(self, outs: tuple[Any, ...], inputs: list[Any]) -> tuple[Any, ...]:
         """When the reference mutates its inputs, the inputs after the call are part of the result and are judged."""
