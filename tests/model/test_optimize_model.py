@@ -273,7 +273,7 @@ def test_the_whole_pipeline_on_the_cpu(tmp_path: Path) -> None:
     path.write_text(BLOCKS)
     db = tmp_path / "runs.db"
     config = OptimizeConfig(device="cpu", timing_budget_ms=50.0, counters=False, max_evals=2, head_to_head=False)
-    outcome = run_mod.optimize_model(path, config, Store(db), tmp_path / "out", budget_s=60.0, min_share=0.3)
+    outcome = run_mod.optimize_model(path, config, Store(db), tmp_path / "out", budget_s=600.0, min_share=0.3)
     ran = [r for r in outcome.regions if r.run_id is not None]
     assert ran and all((tmp_path / "out" / f"region_{r.name}.py").exists() for r in ran)
     assert outcome.status == "ok" and outcome.best_model.exists(), (outcome.why, outcome.dropped)
@@ -299,13 +299,13 @@ def test_a_model_run_resumes(tmp_path: Path) -> None:
     path.write_text(BLOCKS)
     store = Store(tmp_path / "runs.db")
     config = OptimizeConfig(device="cpu", timing_budget_ms=50.0, counters=False, max_evals=1, head_to_head=False)
-    first = run_mod.optimize_model(path, config, store, tmp_path / "out", budget_s=60.0, min_share=0.3)
+    first = run_mod.optimize_model(path, config, store, tmp_path / "out", budget_s=600.0, min_share=0.3)
     ran = {r.name: r.run_id for r in first.regions if r.run_id is not None}
     assert ran
     stopped = next(iter(ran.values()))
     store.update_run(stopped, status="interrupted")
     stages: list[str] = []
-    again = run_mod.optimize_model(path, config, store, tmp_path / "out", budget_s=60.0, min_share=0.3,
+    again = run_mod.optimize_model(path, config, store, tmp_path / "out", budget_s=600.0, min_share=0.3,
                                    on_stage=stages.append, resume=True)
     assert {r.name: r.run_id for r in again.regions if r.run_id is not None} == ran  # the same runs, no new ones
     assert sum("finished earlier" in s for s in stages) == len(ran) - 1

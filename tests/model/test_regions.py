@@ -231,6 +231,39 @@ def test_a_region_file_computes_the_region_on_the_models_own_inputs(tmp_path: Pa
             any(a.shape != b.shape for a, b in zip(xs, other))
 
 
+@pytest.mark.parametrize("source", [BAGS, STATEFUL], ids=["bags", "stateful"])
+def test_a_region_file_maps_the_saved_weights_instead_of_building_the_model(tmp_path: Path, source: str) -> None:
+    """Weights saved beside the model are read, not built, and give what the built model gives; once the model's
+    file changes they are not read."""
+    from kernelevolve.model.regionfile import STATE_FILE, save_state
+
+    problem, graph = _model(tmp_path, source)
+    part = partition(graph, problem, "cpu")
+    saved, built = tmp_path / "saved", tmp_path / "built"
+    for d in (saved, built):
+        d.mkdir()
+        shutil.copy(problem.path, d / "model.py")
+    save_state(saved, "model.py")
+    assert (saved / STATE_FILE).exists()
+    for region in part.regions:
+        outs = []
+        for d in (saved, built):
+            path = write_region(graph, region, d, "model.py", f"region {region.name}")
+            mod = import_module_from_path(path, f"_test_saved_{d.name}_{region.name}")
+            torch.manual_seed(7)
+            xs = mod.get_inputs()
+            with torch.no_grad():
+                out = mod.Model()(*xs)
+            outs.append(list(out) if isinstance(out, (tuple, list)) else [out])
+            assert mod._source_model.cache_info().currsize == (0 if d is saved else 1), d.name
+        for a, b in zip(*outs):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    (saved / "model.py").write_text((saved / "model.py").read_text() + "\n# changed\n")
+    stale = import_module_from_path(saved / f"region_{part.regions[0].name}.py", "_test_saved_stale")
+    stale.Model()
+    assert stale._source_model.cache_info().currsize == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_times_on_the_gpu_are_device_times(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from kernelevolve.analyze.graph import CaptureError, CapturedGraph, capture, dyn
 from kernelevolve.model.budget import MIN_SHARE, Claim, Pacer, Share, allocate, run_overhead_s
 from kernelevolve.model.partition import Partition, Region, partition, resign
 from kernelevolve.model.profile import OpTimes, attribute, hot_regions, op_times
-from kernelevolve.model.regionfile import write_region
+from kernelevolve.model.regionfile import SAVE_STATE_BYTES, STATE_FILE, save_state, state_bytes, write_region
 from kernelevolve.problem import Problem, ProblemError, load_problem
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,11 @@ def plan_model(path: str | Path, device: str, out_dir: Path, budget_s: float = 0
     out_dir.mkdir(parents=True, exist_ok=True)
     source = Path(problem.path).name
     shutil.copy(problem.path, out_dir / source)
+    if state_bytes(graph) >= SAVE_STATE_BYTES:
+        on_stage(f"saving the model's {state_bytes(graph) / 2**30:.2f} GB of weights for its problem files")
+        save_state(out_dir, source)
+    else:
+        (out_dir / STATE_FILE).unlink(missing_ok=True)  # an earlier plan's, of another model file
     groups, notes = [], list(part.skipped)
     for regions in part.groups().values():
         first = regions[0]

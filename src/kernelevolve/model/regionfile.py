@@ -9,12 +9,18 @@ The model's file is copied beside the region files, which read it by that name; 
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
 import torch.fx as fx
 
 from kernelevolve.analyze.graph import CapturedGraph, dtype, op_name, shape
 from kernelevolve.model.partition import Region
 from kernelevolve.templates.program import Namer, node_line
+
+# the model's parameters and buffers, saved beside its copy where they are large (save_state)
+STATE_FILE = "model_state.pt"
+SAVE_STATE_BYTES = 256 << 20
 
 # how a file written from a model finds it (beside it, else where it was written) and builds it: shared by the region
 # and part files (model/parts.py)
@@ -40,6 +46,7 @@ def _source_model():
 
 HEADER = '''"""{doc}"""
 import functools
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -49,7 +56,16 @@ import torch.nn as nn
 @SOURCE_LOADER@
 
 
+@functools.lru_cache(maxsize=None)
 def _source_state():
+    """The model's parameters and buffers: from the file of them saved beside the model where it was saved from this
+    very model file and seed (a large model is built once, not in every process), else the model built."""
+    saved = SOURCE.with_name({state!r})
+    if saved.exists():
+        kept = torch.load(saved, mmap=True, weights_only=True)
+        if kept.get("source_sha") == hashlib.sha256(SOURCE.read_bytes()).hexdigest() and \\
+                kept.get("init_seed") == {init_seed}:
+            return kept["state"]
     model = _source_model()
     return {{**dict(model.named_parameters()), **dict(model.named_buffers())}}
 '''
@@ -201,7 +217,7 @@ def region_source(graph: CapturedGraph, region: Region, source_name: str, doc: s
 
     ops = ", ".join(dict.fromkeys(op_name(n) for n in region.nodes))
     text = HEADER.replace("@SOURCE_LOADER@", SOURCE_LOADER).format(
-        doc=doc, source=source_name, init_seed=init_seed, where=str(source_path or source_name))
+        doc=doc, source=source_name, init_seed=init_seed, where=str(source_path or source_name), state=STATE_FILE)
     text += KEEP
     text += MODEL.format(doc=f"{region.kind} region: {ops}"[:110], weights=_indent(lines_w) or "        pass",
                          params=params, body=_indent(body))
@@ -226,6 +242,35 @@ def _const_hint(n: fx.Node) -> str:
         return "_dev"
     leaves = [*n.args, *n.kwargs.values()]
     return "_dev" if any(isinstance(a, torch.device) for a in leaves) else ""
+
+
+def state_bytes(graph: CapturedGraph) -> int:
+    """What the model's parameters and buffers take."""
+    nodes = graph.placeholders()[:len(graph.state_names)]
+    return sum(math.prod(shape(n)) * dtype(n).itemsize for n in nodes if dtype(n) is not None)
+
+
+def save_state(out_dir: Path, source_name: str, init_seed: int = 0) -> Path:
+    """The model (the copy in ``out_dir``) built as its region files build it, its parameters and buffers saved
+    beside it with the hash of its file and the seed: each region file's process then maps them from the file
+    instead of building the model again (seconds for a DLRM's 2 GB of embedding tables)."""
+    import hashlib
+    import importlib.util
+
+    import torch
+
+    source = out_dir / source_name
+    spec = importlib.util.spec_from_file_location(f"_kernelevolve_state_{source.stem}", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed)
+        model = module.Model(*module.get_init_inputs())
+    state = {k: v.detach() for k, v in [*model.named_parameters(), *model.named_buffers()]}
+    path = out_dir / STATE_FILE
+    torch.save({"source_sha": hashlib.sha256(source.read_bytes()).hexdigest(), "init_seed": init_seed,
+                "state": state}, path)
+    return path
 
 
 def write_region(graph: CapturedGraph, region: Region, out_dir: Path, source_name: str, doc: str,
