@@ -75,6 +75,16 @@ def test_the_pacer_shares_what_is_left_as_each_run_starts(spent) -> None:
     assert clock.t + c.budget_s + spent == pytest.approx(300)  # the last run ends with the budget
 
 
+def test_a_run_that_stops_searching_early_measures_its_overhead_from_its_search() -> None:
+    clock = Clock()
+    pacer = Pacer([Claim("a", 1.0, 0.0), Claim("b", 1.0, 0.0)], 2.0, deadline=400.0, overhead_s=20.0, clock=clock)
+    a = pacer.start("a")
+    clock.t += 30.0 + 45.0  # 30 s of search (it stopped early, under its budget), 45 s of baselines and head-to-head
+    pacer.finish("a", search_s=30.0)
+    assert a.budget_s > 100 and pacer.overhead() == pytest.approx(45.0)
+    assert pacer.start("b").budget_s == pytest.approx(400 - 75 - 45)
+
+
 def test_runs_under_way_in_other_lanes_hold_their_time() -> None:
     clock = Clock()
     pacer = Pacer([Claim("a", 1.0, 0.0), Claim("b", 1.0, 0.0)], 2.0, deadline=100.0, overhead_s=10.0, lanes=2,

@@ -132,9 +132,10 @@ class Pacer:
             self.running[name] = (now, share.budget_s)
             return share
 
-    def finish(self, name: str) -> None:
-        """``name``'s run has ended: its time beyond its search is measured."""
+    def finish(self, name: str, search_s: float | None = None) -> None:
+        """``name``'s run has ended: its time beyond its search (``search_s`` where the run says how long it
+        searched, else its budget) is measured."""
         with self.lock:
             if name in self.running:
                 t0, budget = self.running.pop(name)
-                self.measured.append(max(0.0, self.clock() - t0 - budget))
+                self.measured.append(max(0.0, self.clock() - t0 - (budget if search_s is None else search_s)))

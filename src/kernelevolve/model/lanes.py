@@ -58,9 +58,9 @@ def _fields(run_id: int, best: Path | None, h: Any, best_result: Any, why: str) 
 
 
 def outcome_fields(result: Any) -> dict[str, Any]:
-    """_fields of a run just made (optimize's RunOutcome)."""
+    """_fields of a run just made (optimize's RunOutcome), with how long it searched."""
     return _fields(result.run_id, result.files.get("best"), result.head_to_head, result.best_result,
-                   result.best_why)
+                   result.best_why) | {"search_s": (getattr(result, "phases", None) or {}).get("search_s")}
 
 
 def earlier_run(store: Any, path: Path, device: str) -> Any:
@@ -145,6 +145,7 @@ def run_all(jobs: list[tuple[str, Path, Any, Path]], cfg: Any, store: Any, on_st
         with lock:
             device = free.pop(0)
         t0 = time.monotonic()
+        fields: dict[str, Any] = {}
         try:
             on_stage(f"{label}: {job_cfg.time_budget_s:.0f} s"
                      + (f" on GPU {device}" if device is not None else "") + (f", run {again} resumed" if again else ""))
@@ -156,7 +157,7 @@ def run_all(jobs: list[tuple[str, Path, Any, Path]], cfg: Any, store: Any, on_st
             return name, fields | {"wall_s": round(time.monotonic() - t0, 1), "budget_s": job_cfg.time_budget_s}
         finally:
             if pacer is not None:
-                pacer.finish(name)
+                pacer.finish(name, fields.get("search_s"))
             with lock:
                 free.append(device)
 
