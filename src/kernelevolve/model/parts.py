@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -244,6 +245,7 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     from kernelevolve.optimize import make_evaluator
     from kernelevolve.problem import load_problem
 
+    started = time.monotonic()
     problem = load_problem(path, cfg.device)
     on_stage(f"{error}")
     on_stage("looking for submodules that can be captured on their own")
@@ -254,7 +256,7 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
         raise ModelError(f"{error}; no submodule of it can be captured on its own either") from error
     rows, outcomes, answers = [], {}, []
     big = [p for p in parts if total and p.ms / total >= min_share]
-    weight = sum(p.ms for p in big) or 1.0
+    weight = sum(p.ms for p in big) or 1.0  # of the parts not run yet
     for part in parts:
         share = part.ms / total if total else 0.0
         row = {"name": part.name, "paths": part.paths, "class": part.cls, "file": part.file.name, "ms": part.ms,
@@ -264,7 +266,9 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
             answers.append(RegionOutcome(part.name, None, None, None, why))
             rows.append(row | {"why": why})
             continue
-        part_budget = budget_s * part.ms / weight
+        # what is left of the budget (each part's run judges its own whole too), shared by the parts still to run
+        part_budget = max(budget_s - (time.monotonic() - started), 0.0) * part.ms / weight
+        weight = max(weight - part.ms, 1e-9)
         on_stage(f"{part.name} ({part.cls} at {', '.join(part.paths)[:80]}): {part_budget:.0f} s")
         o = optimize_model(part.file, cfg, store, out_dir / part.name, part_budget, min_share, rivals,
                            lambda s, n=part.name: on_stage(f"{n}: {s}"), hosts=hosts, resume=resume)
