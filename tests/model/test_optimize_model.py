@@ -311,3 +311,41 @@ def test_a_model_run_resumes(tmp_path: Path) -> None:
     assert sum("finished earlier" in s for s in stages) == len(ran) - 1
     assert any(f"run {stopped} resumed" in s for s in stages)
     assert store.run(stopped).status == "finished"
+
+
+def _no_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake(plan, cfg, store, on_stage=lambda s: None, resume=False, deadline=None):
+        return [RegionOutcome(g.name, 1, None, None, "the reference itself", "eager") for g in plan.groups]
+    monkeypatch.setattr(run_mod, "optimize_regions", fake)
+
+
+@pytest.mark.parametrize("fastest", ["compiled", "eager", "error"])
+def test_with_no_region_kernel_the_answer_is_the_fastest_build_of_the_model(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           fastest: str) -> None:
+    """No composition to judge: the model itself still meets its torch.compile build head to head, and the answer is
+    the faster (a head-to-head that cannot be held leaves the model itself, and says so)."""
+    from kernelevolve.evaluate.evaluator import Evaluator, HeadToHeadError
+    from kernelevolve.evaluate.headtohead import CANDIDATE, decide
+
+    held: list[str] = []
+
+    def fake_h2h(self, candidate, sides, gpu=None, rounds=10):
+        held.append(candidate.meta.get("label", ""))
+        if fastest == "error":
+            raise HeadToHeadError("a process died")
+        return decide({CANDIDATE: [1.0] * 10, "eager": [1.0] * 10,
+                       "compiled": [0.5 if fastest == "compiled" else 2.0] * 10}, notes={})
+
+    monkeypatch.setattr(Evaluator, "head_to_head", fake_h2h)
+    _no_kernels(monkeypatch)
+    outcome = _run(tmp_path, rivals=("eager", "compiled"))
+    assert held == ["the model itself"] and not outcome.kept
+    text = outcome.best_model.read_text()
+    if fastest == "compiled":
+        assert "best_model.py is torch.compile of it" in outcome.why and "torch.compile" in text
+        assert outcome.head_to_head.answer == "compiled"
+    else:
+        assert "best_model.py is the model itself" in outcome.why
+    if fastest == "error":
+        assert outcome.head_to_head is None and any("not timed head to head" in n for n in outcome.notes)

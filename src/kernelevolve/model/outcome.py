@@ -85,9 +85,14 @@ class Record:
 
     def head_to_head(self, evaluator: Any, candidate: Candidate, rivals: tuple[str, ...], result: ModelOutcome,
                      on_stage: Callable[[str], None], what: str) -> HeadToHead:
+        from kernelevolve.evaluate.evaluator import HeadToHeadError
+
         on_stage(f"timing {what} head to head against the whole model")
         t0 = time.monotonic()
-        h = evaluator.head_to_head(candidate, list(rivals))
+        try:
+            h = evaluator.head_to_head(candidate, list(rivals))
+        except HeadToHeadError as e:  # a side that cannot be built or timed: the judge's timings stand
+            h = HeadToHead.failed(evaluator.config.timing.clock, str(e))
         self.phases["head_to_head_s"] = round(self.phases.get("head_to_head_s", 0.0) + time.monotonic() - t0, 3)
         result.head_to_head = h
         return h
@@ -115,6 +120,22 @@ class Record:
 
 def lost_line(name: str, h: HeadToHead) -> str:
     return f"{name}: the composition did not beat {LABELS.get(h.best_baseline)} ({h.line()[:160]})"
+
+
+def settle_baselines(result: ModelOutcome, source: str, record: Record, evaluator: Any, rivals: tuple[str, ...],
+                     on_stage: Callable[[str], None]) -> None:
+    """Where no composition met the whole model head to head (none was chosen, or none verified), the model itself
+    meets its torch.compile and max-autotune builds, so that ``fallback`` answers with the fastest of them."""
+    from kernelevolve.report import reference_candidate
+
+    if result.head_to_head is not None:
+        return
+    candidate = Candidate(reference_candidate(source, "the model itself"), proposer="reference",
+                          meta={"label": "the model itself"})
+    h = record.head_to_head(evaluator, candidate, rivals, result, on_stage, "the model itself")
+    if h.error:
+        result.notes.append(f"the model's builds were not timed head to head: {h.error[:200]}")
+        result.head_to_head = None
 
 
 def fallback(result: ModelOutcome, source: str, record: Record, why: str) -> ModelOutcome:

@@ -241,7 +241,7 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     from kernelevolve.candidate import Candidate
     from kernelevolve.evaluate import Status
     from kernelevolve.model.plan import ModelError, RegionOutcome
-    from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line
+    from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line, settle_baselines
     from kernelevolve.optimize import make_evaluator
     from kernelevolve.problem import load_problem
 
@@ -312,6 +312,11 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
                 result.why = f"the model with {len(chosen)} parts' kernels, verified (not timed on {cfg.device})"
                 return finish(result, text, chosen, [], record)
             h = record.head_to_head(evaluator, candidate, rivals, result, on_stage, "it")
+            if h.error:
+                result.why = f"the model with {len(chosen)} parts' kernels, verified; the head-to-head could not " \
+                             f"be held ({h.error[:160]})"
+                result.head_to_head = None
+                return finish(result, text, chosen, [], record)
             if h.wins:
                 result.why = f"the model with {len(chosen)} parts' kernels; {h.line()}"
                 return finish(result, text, chosen, [], record)
@@ -320,4 +325,6 @@ def optimize_parts(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     except BaseException:
         store.update_run(record.run_id, status="interrupted", stop_reason="stopped while the model was judged")
         raise
+    if cfg.head_to_head:
+        settle_baselines(result, problem.source, record, evaluator, rivals, on_stage)
     return fallback(result, problem.source, record, "no part's kernels made the whole model faster")

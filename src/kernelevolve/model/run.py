@@ -20,7 +20,7 @@ from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.headtohead import LABELS
 from kernelevolve.model.budget import run_overhead_s
 from kernelevolve.model.compose import HOSTS, Chosen, compose
-from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line
+from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line, settle_baselines
 from kernelevolve.model.plan import MIN_SHARE, ModelError, ModelPlan, RegionOutcome, optimize_regions, plan_model
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,10 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
                 result.why = f"{what}, verified (not timed on {cfg.device}), {host} host"
                 return finish(result, candidate.source, chosen, skipped, record)
             h = record.head_to_head(evaluator, candidate, rivals, result, on_stage, f"it ({host} host)")
+            if h.error:
+                result.why = f"{what}, verified, {host} host; the head-to-head could not be held ({h.error[:160]})"
+                result.head_to_head = None
+                return finish(result, candidate.source, chosen, skipped, record)
             if h.wins:
                 result.why = f"{what}, {host} host; {h.line()}"
                 return finish(result, candidate.source, chosen, skipped, record)
@@ -113,6 +117,8 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     except BaseException:
         store.update_run(record.run_id, status="interrupted", stop_reason="stopped while the model was judged")
         raise
+    if cfg.head_to_head:
+        settle_baselines(result, source, record, evaluator, rivals, on_stage)
     return fallback(result, source, record, "no region kernel made the whole model faster")
 
 
