@@ -3,7 +3,7 @@
 # each writing its logs and JSON under $OUT and printing a short summary last.
 # Usage: OUT=dir STEPS="tests screen experience suite wide load throughput kernelbench models report" BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
-#        LEVELS="1 2" SAMPLE=16 SEED=35 COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
+#        LEVELS="1 2" SAMPLE=16 SEED=35 KB_PROBLEMS="level1/20_LeakyReLU" COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
 #        MODELS="dlrm mmoe" L3_SEED=36 MODELS_JSON=earlier-models.json MODEL_TIMEOUT=540 \
 #        NO_MAX_AUTOTUNE=1 JUDGE=3 BASELINE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json EXP_JSON=earlier-experience.json \
 #        COMMIT=abc1234 PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
@@ -89,7 +89,9 @@ for step in ${STEPS:-tests experience}; do
       [ -n "${KB_JSON:-}" ] && cp "$KB_JSON" "$OUT/kernelbench.json"
       # shellcheck disable=SC2086
       # SAMPLE=N SEED=S: N problems drawn at random from the levels instead of the matched ones
-      if [ -n "${SAMPLE:-}" ]; then PICK="--sample $SAMPLE --seed ${SEED:-0}"
+      # KB_PROBLEMS="level1/20_LeakyReLU ...": those problems alone (rows of a draw run again, into a fresh KB_JSON)
+      if [ -n "${KB_PROBLEMS:-}" ]; then PICK="--problems $KB_PROBLEMS"
+      elif [ -n "${SAMPLE:-}" ]; then PICK="--sample $SAMPLE --seed ${SEED:-0}"
       else PICK="--matched ${COVERAGE:-bench/results/2026-12-02-kernelbench-coverage.json}"; fi
       python3 bench/kernelbench.py --root "${KB_ROOT:-../shared/kernelbench}" --device cuda --level ${LEVELS:-1 2} \
         $PICK ${LIMIT:+--limit $LIMIT} \
