@@ -277,3 +277,45 @@ def test_times_on_the_gpu_are_device_times(tmp_path: Path) -> None:
     assert gemm.time_ms > 0.01 and times.total_ms > gemm.time_ms, times
     views = [n.name for n in graph.calls() if n.target is torch.ops.aten.permute.default]
     assert all(times.per_node[v] < 0.01 for v in views), {v: times.per_node[v] for v in views}
+
+
+def test_a_range_on_the_gpu_counts_its_kernels_once() -> None:
+    """The profiler gives a range on the GPU twice: the host's range, with the device time of the kernels it launched,
+    and its span on the device's timeline. Only the first is the range's time."""
+    from types import SimpleNamespace
+
+    from kernelevolve.model.profile import PREFIX, _ranges
+
+    host = SimpleNamespace(name=PREFIX + "mm", device_type=torch.autograd.DeviceType.CPU, device_time_total=100.0,
+                           cpu_time_total=7.0)
+    span = SimpleNamespace(name=PREFIX + "mm", device_type=torch.autograd.DeviceType.CUDA, device_time_total=180.0,
+                           cpu_time_total=0.0)
+    kernel = SimpleNamespace(name="sm90_gemm", device_type=torch.autograd.DeviceType.CUDA, device_time_total=100.0,
+                             cpu_time_total=0.0)
+    assert _ranges([host, span, kernel], cuda=True) == {"mm": pytest.approx(0.1)}
+    assert _ranges([host], cuda=False) == {"mm": pytest.approx(0.007)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_profile_of_a_model_on_the_gpu_is_not_longer_than_its_call(tmp_path: Path) -> None:
+    """A device-bound model: its ops' device times add up to no more than a call takes (a range counted twice would
+    read about twice as long)."""
+    problem, graph = _model(tmp_path, BLOCKS.replace("torch.randn(64, 32)", "torch.randn(8192, 1024)")
+                            .replace("return [32, 3]", "return [1024, 3]"))
+    times = op_times(graph, "cuda", runs=3, warmup=1)
+    model = build_model(import_module_from_path(problem.path, "_blocks_call"), "Model", 0).cuda()
+    x = torch.randn(8192, 1024, device="cuda")
+    calls = []
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        for _ in range(10):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(x)
+            end.record()
+            end.synchronize()
+            calls.append(start.elapsed_time(end))
+    call_ms = sorted(calls)[len(calls) // 2]
+    assert times.total_ms < 1.3 * call_ms, (times.total_ms, call_ms)

@@ -90,9 +90,13 @@ def _profiled(activities: list[Any]) -> Iterator[Any]:
 
 
 def _ranges(events: Any, cuda: bool) -> dict[str, float]:
+    """The time of each named range: on the GPU the device time of the kernels launched in it, on the CPU its CPU
+    time. A range on the GPU comes back twice, as the host's range (the kernels it launched) and as its span on the
+    device's timeline (a ``gpu_user_annotation``, idle gaps included): only the host's counts, as in the profiler's
+    own tables, or every range would read about twice its time."""
     out: dict[str, float] = {}
     for e in events:
-        if not e.name.startswith(PREFIX):
+        if not e.name.startswith(PREFIX) or not _on_host(e):
             continue
         if cuda:
             us = getattr(e, "device_time_total", None)
@@ -102,6 +106,12 @@ def _ranges(events: Any, cuda: bool) -> dict[str, float]:
         name = e.name[len(PREFIX):]
         out[name] = out.get(name, 0.0) + us / 1000.0
     return out
+
+
+def _on_host(event: Any) -> bool:
+    """Whether a profiler event is the host's side of a range (not its copy on a device's timeline)."""
+    kind = getattr(event, "device_type", None)
+    return kind is None or kind == torch.autograd.DeviceType.CPU
 
 
 def attribute(part: Partition, times: OpTimes) -> None:
