@@ -349,3 +349,24 @@ def test_with_no_region_kernel_the_answer_is_the_fastest_build_of_the_model(tmp_
         assert "best_model.py is the model itself" in outcome.why
     if fastest == "error":
         assert outcome.head_to_head is None and any("not timed head to head" in n for n in outcome.notes)
+
+
+def test_with_no_region_kernel_the_waterfall_times_the_model_itself_before(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """No kernel kept: before is the model's own class (in best_model.py), not the generated op-by-op forward."""
+    from kernelevolve.model import profile
+    from kernelevolve.model.report import WHOLE_ROW
+
+    timed: list[tuple[str, str]] = []
+
+    def fake_times(path, region_of, device="cpu", runs=5, warmup=2, cls="ModelNew"):
+        timed.append((Path(path).name, cls))
+        return {profile.WHOLE: 3.0 if cls == "Model" else 2.0}
+
+    monkeypatch.setattr(profile, "composed_times", fake_times)
+    _no_kernels(monkeypatch)
+    outcome = _run(tmp_path, head_to_head=False)
+    assert not outcome.kept
+    assert sorted(timed) == [("best_model.py", "Model"), ("best_model.py", "ModelNew")], timed
+    whole = next(s for s in outcome.waterfall if s.name == WHOLE_ROW)
+    assert (whole.before_ms, whole.after_ms) == (3.0, 2.0)

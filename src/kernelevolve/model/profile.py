@@ -153,10 +153,10 @@ WHOLE = "__model__"
 
 
 def composed_times(path: str | Path, region_of: dict[str, str], device: str = "cpu", runs: int = 5,
-                   warmup: int = 2) -> dict[str, float]:
-    """The time of one call of a composed file's ``ModelNew`` (the whole call in one profiler range) and of each
-    region kernel's calls within it, summed by problem: ``region_of`` maps the generated function of each instance
-    (``_ke_<region>``) to its problem's name. Returns {"__model__": ms, problem: ms, ...}."""
+                   warmup: int = 2, cls: str = "ModelNew") -> dict[str, float]:
+    """The time of one call of a composed file's ``ModelNew`` (or its class ``cls``; the whole call in one profiler
+    range) and of each region kernel's calls within it, summed by problem: ``region_of`` maps the generated function
+    of each instance (``_ke_<region>``) to its problem's name. Returns {"__model__": ms, problem: ms, ...}."""
     from kernelevolve.problem import build_model, import_module_from_path, make_inputs
 
     module = import_module_from_path(path, f"_kernelevolve_composed_{abs(hash(str(path)))}")
@@ -165,7 +165,7 @@ def composed_times(path: str | Path, region_of: dict[str, str], device: str = "c
         if callable(original):
             setattr(module, fn, _ranged(original, PREFIX + name))
     inputs = make_inputs(module, 0, device=device)
-    model = build_model(module, "ModelNew", 0).to(device)
+    model = build_model(module, cls, 0).to(device)
     return _profile_calls(model, inputs, device, runs, warmup)
 
 

@@ -54,8 +54,11 @@ def waterfall(outcome: Any) -> tuple[list[Step], str]:
             path = plan.out_dir / ".work" / "model_before.py"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            before = composed_times(path, region_of, plan.times.device)
             after = composed_times(outcome.best_model, region_of, plan.times.device)
+            # with no region kernel kept, best_model.py is the model or a compiled build of it: before is the
+            # model's own class in that file, not the generated forward
+            before = composed_times(path, region_of, plan.times.device) if kept else \
+                composed_times(outcome.best_model, {}, plan.times.device, cls="Model")
         except Exception as e:  # a report without its measured columns, never a failed run
             log.warning("the model could not be profiled region by region: %s: %s", type(e).__name__, e)
             note = f"the model could not be profiled region by region: {type(e).__name__}: {str(e)[:200]}"
