@@ -9,7 +9,8 @@ traced ones take the model's own forward. The file needs torch and triton only.
 Two hosts: ``eager`` calls each region's kernel from the generated forward as it stands; ``compile`` registers each
 instance as a ``torch.library`` custom op (its outputs described to the compiler from the traced shapes, so the
 kernels stay opaque to Inductor) and runs the generated forward under ``torch.compile``: Inductor fuses the glue
-between the regions, the regions keep their kernels.
+between the regions, the regions keep their kernels. Input sizes that vary by draw (jagged totals) stay free in both
+hosts where two draws write the same file.
 """
 from __future__ import annotations
 
@@ -155,25 +156,26 @@ def compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc: 
 
     ``dynamic`` names input dims whose sizes vary by draw (jagged totals) and ``alt`` the graph and regions of a draw
     where they differ: the guard leaves those dims free only where both draws write the same forward. The compile
-    host describes each kernel's outputs by their traced shapes, so its guard is always the strict one."""
+    host describes each kernel's outputs by their traced shapes, which are written into the file: both draws write
+    the same file only where those shapes do not move with the free dims (bags of any total, pooled to a fixed
+    batch), so the same rule holds for it."""
     if host not in HOSTS:
         raise ValueError(f"host {host!r}: one of {', '.join(HOSTS)}")
-    if host == "compile":
-        return _compose(model_source, graph, chosen, doc, {}, compiled=True)
+    compiled = host == "compile"
     if not dynamic or alt is None:
-        return _compose(model_source, graph, chosen, doc, {})
-    text, skipped = _compose(model_source, graph, chosen, doc, dynamic)
+        return _compose(model_source, graph, chosen, doc, {}, compiled)
+    text, skipped = _compose(model_source, graph, chosen, doc, dynamic, compiled)
     alt_graph, alt_regions = alt
     by_index = {r.index: r for r in alt_regions}
     try:
         moved = [Chosen(c.name, [by_index[r.index] for r in c.regions], c.source, c.provenance) for c in chosen]
-        other, _ = _compose(model_source, alt_graph, moved, doc, dynamic)
+        other, _ = _compose(model_source, alt_graph, moved, doc, dynamic, compiled)
     except Exception as e:  # another draw's graph that cannot be written alike: the strict guard
         log.info("the second draw's graph does not compose alike: %s: %s", type(e).__name__, e)
         other = None
     if other == text:
         return text, skipped
-    text, skipped = _compose(model_source, graph, chosen, doc, {})
+    text, skipped = _compose(model_source, graph, chosen, doc, {}, compiled)
     skipped.append("input sizes vary by draw and the traced ops depend on them: the kernels run only at the "
                    "traced sizes, other sizes take the model's own forward")
     return text, skipped
