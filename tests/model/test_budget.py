@@ -92,3 +92,43 @@ def test_runs_under_way_in_other_lanes_hold_their_time() -> None:
     a, b = pacer.start("a"), pacer.start("b")
     # two lanes of 100 s: a's share of 200 - 2 * 10; b starts beside it, with what a does not hold
     assert a.budget_s == pytest.approx(90.0) and b.budget_s == pytest.approx(200 - (90 + 10) - 10)
+
+
+@pytest.mark.parametrize("device, hosts, head_to_head", [("cuda", 2, True), ("cuda", 1, True), ("cpu", 1, True),
+                                                         ("cpu", 1, False)])
+def test_judging_the_whole_is_kept_back_from_the_budget(device, hosts, head_to_head) -> None:
+    from kernelevolve.model.budget import closing_s, run_overhead_s
+
+    kept = closing_s(device, hosts, head_to_head)
+    one = closing_s(device, 1, head_to_head)
+    assert kept >= one > 0 and (hosts == 1 or kept > one)  # each host's composition is judged
+    # the head-to-head and the whole model's builds cost more than a region run's overhead
+    assert (kept > run_overhead_s(device, True)) == head_to_head
+
+
+def test_a_model_runs_problems_only_until_judging_the_whole_is_due(tmp_path, monkeypatch) -> None:
+    """optimize_model shares the budget less the estimate of judging the whole, and says so."""
+    from kernelevolve.settings import OptimizeConfig
+    from kernelevolve.model import run as run_mod
+    from kernelevolve.model.budget import closing_s
+    from kernelevolve.store import Store
+    from tests.model.test_regions import BLOCKS
+
+    seen: dict[str, float] = {}
+
+    def fake_plan(path, device, out_dir, budget_s, *a, **k):
+        seen["plan"] = budget_s
+        raise run_mod.ModelError("stop here")
+
+    def fake_parts(*a, **k):
+        return "parts"
+
+    monkeypatch.setattr(run_mod, "plan_model", fake_plan)
+    monkeypatch.setattr("kernelevolve.model.parts.optimize_parts", fake_parts)
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    cfg = OptimizeConfig(device="cpu", counters=False)
+    assert run_mod.optimize_model(path, cfg, Store(tmp_path / "r.db"), tmp_path / "out", budget_s=300.0) == "parts"
+    assert seen["plan"] == pytest.approx(300.0 - closing_s("cpu", 1, cfg.head_to_head))
+    run_mod.optimize_model(path, cfg, Store(tmp_path / "r.db"), tmp_path / "out", budget_s=20.0)
+    assert seen["plan"] == 0.0  # a budget under the estimate leaves nothing to share: every problem is left alone

@@ -5,10 +5,11 @@ Problems under ``min_share`` of the model's time are left alone (a perfect kerne
 that), and so is any problem whose share of the budget would fall under ``min_budget_s`` (too short for one
 search): its share goes to the others, smallest claim first.
 
-The budget is wall time: the plan and every problem's whole run come out of it, not only the searches. A problem's
-run spends ``overhead_s`` beyond its search (its baselines, its head-to-head, processes that start and load), so each
-problem that runs costs its share plus that; ``Pacer`` shares what is left again as each run starts, with the
-overhead the finished runs measured.
+The budget is wall time for the whole run: the plan, every problem's whole run and judging the whole come out of
+it, not only the searches. Judging the whole is estimated (``closing_s``) and kept back before the problems share the
+rest. A problem's run spends ``overhead_s`` beyond its search (its baselines, its head-to-head, processes that start
+and load), so each problem that runs costs its share plus that; ``Pacer`` shares what is left again as each run
+starts, with the overhead the finished runs measured.
 """
 from __future__ import annotations
 
@@ -26,6 +27,21 @@ MIN_BUDGET_S = 15.0  # a search shorter than this rarely gets past the baselines
 # runs of a small DCN-v2 on two cores (baselines 11 s, head-to-heads 44 and 71 s).
 BASELINE_S = {"cuda": 15.0, "cpu": 12.0}
 HEAD_TO_HEAD_S = {"cuda": 35.0, "cpu": 50.0}
+
+
+# What judging the whole takes after the problems' runs, kept back from the budget before it is shared: a verdict on
+# each host's composition, and with the head-to-head the whole model's torch.compile and max-autotune builds and the
+# rounds themselves. On a GPU from DLRM on an H100 (two hosts, one kernel dropped: 170 s); on the CPU from the six
+# small bench/models on two cores (0-70 s).
+JUDGE_WHOLE_S = {"cuda": 25.0, "cpu": 10.0}  # a host's composition
+WHOLE_BUILDS_S = {"cuda": 60.0, "cpu": 20.0}  # the whole model's torch.compile and max-autotune builds, timed
+
+
+def closing_s(device: str, hosts: int, head_to_head: bool = True) -> float:
+    """The first estimate of judging the whole: its share of the budget, kept back from the problems."""
+    dev = device if device in JUDGE_WHOLE_S else "cpu"
+    rest = WHOLE_BUILDS_S[dev] + HEAD_TO_HEAD_S[dev] if head_to_head else 0.0
+    return JUDGE_WHOLE_S[dev] * max(hosts, 1) + rest
 
 
 def run_overhead_s(device: str, head_to_head: bool = True) -> float:

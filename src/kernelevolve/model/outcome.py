@@ -67,7 +67,7 @@ class ModelOutcome:
         p = self.phases
         parts = [f"{label} {p[k]:.0f} s" for k, label in (("plan_s", "plan"), ("problems_s", "problem runs"),
                                                          ("whole_s", "judging the whole")) if k in p]
-        budget = f" (budget {self.budget_s:.0f} s for the plan and the problem runs)" if self.budget_s else ""
+        budget = f" (budget {self.budget_s:.0f} s)" if self.budget_s else ""
         return f"time: {', '.join(parts)}; {p.get('total_s', 0):.0f} s in all{budget}" if parts else ""
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.headtohead import LABELS
-from kernelevolve.model.budget import run_overhead_s
+from kernelevolve.model.budget import closing_s, run_overhead_s
 from kernelevolve.model.compose import HOSTS, Chosen, compose
 from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line, settle_baselines
 from kernelevolve.model.plan import MIN_SHARE, ModelError, ModelPlan, RegionOutcome, optimize_regions, plan_model
@@ -67,8 +67,10 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     unknown = [h for h in hosts if h not in HOSTS]
     if unknown:
         raise ValueError(f"unknown host {', '.join(unknown)}: one of {', '.join(HOSTS)}")
+    # judging the whole comes out of the budget too: its estimate is kept back from the problems
+    closing = min(closing_s(cfg.device, len(hosts), cfg.head_to_head), budget_s)
     try:
-        plan = plan_model(path, cfg.device, out_dir, budget_s, min_share, on_stage,
+        plan = plan_model(path, cfg.device, out_dir, budget_s - closing, min_share, on_stage,
                           run_overhead_s(cfg.device, cfg.head_to_head))
     except ModelError as e:  # not one graph: by its parts that are, where there are some
         from kernelevolve.model.parts import optimize_parts
@@ -77,7 +79,9 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
                               optimize_model)
     on_plan(plan)
     phases = {"plan_s": round(time.monotonic() - t0, 1)}
-    outcomes = optimize_regions(plan, cfg, store, on_stage, resume=resume, deadline=t0 + budget_s)
+    if closing:
+        on_stage(f"{closing:.0f} s of the {budget_s:.0f} s budget kept for judging the whole model")
+    outcomes = optimize_regions(plan, cfg, store, on_stage, resume=resume, deadline=t0 + budget_s - closing)
     phases["problems_s"] = round(time.monotonic() - t0 - phases["plan_s"], 1)
     chosen = _chosen(plan, outcomes)
     source = plan.problem.source
