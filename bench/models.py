@@ -142,6 +142,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "level3_geomean_vs_best_of_eager_compile": geomean(
                 [min(r["speedup"].get("eager", math.inf), r["speedup"].get("compiled", math.inf)) for r in l3
                  if r.get("speedup")]),
+            # what the kernels add: each model against the best of its three builds (the model itself, answered
+            # where eager beats Inductor's builds, reads 1.00x here however far it beats max-autotune)
+            "ads_geomean_vs_best_baseline": geomean([min(r["speedup"].values()) for r in ads if r.get("speedup")]),
+            "with_kernels": [r["model"] for r in rows if r.get("kept")],
             "clock_disagreements": [r["model"] for r in rows if r.get("clock_disagrees")]}
 
 

@@ -96,3 +96,21 @@ def test_a_model_past_its_timeout_is_stopped_with_its_processes_and_says_so(tmp_
         time.sleep(0.1)
     else:
         raise AssertionError("the run's own child outlived the timeout")
+
+
+def test_the_summary_tells_a_model_answered_by_itself_from_a_kernel_win() -> None:
+    """The model itself beating Inductor's builds counts against max-autotune, but adds nothing over the best of
+    the three: that figure is the kernels' own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_models_summary", ROOT / "bench" / "models.py")
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    rows = [{"model": "a", "category": "ads-ranking", "status": "ok", "kept": [],
+             "speedup": {"eager": 1.0, "compiled": 1.52, "max_autotune": 1.47}},
+            {"model": "b", "category": "ads-ranking", "status": "ok", "kept": ["r01"],
+             "speedup": {"eager": 1.44, "compiled": 1.21, "max_autotune": 1.21}}]
+    got = models.summarize(rows)
+    assert got["ads_geomean_vs_max_autotune"] == pytest.approx((1.47 * 1.21) ** 0.5)
+    assert got["ads_geomean_vs_best_baseline"] == pytest.approx(1.21 ** 0.5)
+    assert got["with_kernels"] == ["b"] and got["below_a_baseline"] == []
