@@ -370,3 +370,29 @@ def test_with_no_region_kernel_the_waterfall_times_the_model_itself_before(tmp_p
     assert sorted(timed) == [("best_model.py", "Model"), ("best_model.py", "ModelNew")], timed
     whole = next(s for s in outcome.waterfall if s.name == WHOLE_ROW)
     assert (whole.before_ms, whole.after_ms) == (3.0, 2.0)
+
+
+def test_a_composition_that_loses_is_profiled_beside_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lost head-to-head leaves a note with the composition's and the model's own time by the profiler, so a loss
+    on the host reads apart from a loss in the kernels."""
+    from kernelevolve.evaluate.evaluator import Evaluator
+    from kernelevolve.evaluate.headtohead import CANDIDATE, decide
+    from kernelevolve.model import profile
+
+    timed: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def fake_times(path, region_of, device="cpu", runs=5, warmup=2, cls="ModelNew"):
+        timed.append((Path(path).name, cls, tuple(sorted(set(region_of.values())))))
+        return {profile.WHOLE: 0.5 if cls == "ModelNew" else 0.7, **{n: 0.1 for n in region_of.values()}}
+
+    def losing(self, candidate, sides, gpu=None, rounds=10):
+        return decide({CANDIDATE: [2.0] * 10, "eager": [1.0] * 10}, notes={})
+
+    monkeypatch.setattr(profile, "composed_times", fake_times)
+    monkeypatch.setattr(Evaluator, "head_to_head", losing)
+    _own_code_as_kernels(monkeypatch)
+    outcome = _run(tmp_path, rivals=("eager",))
+    lost = [n for n in outcome.notes if n.startswith("the composition that lost")]
+    assert len(lost) == len(outcome.dropped) == 3 and not outcome.kept, (outcome.notes, outcome.dropped)
+    assert "0.5000 ms of CPU time a call against 0.7000 ms for the model's own forward" in lost[0], lost[0]
+    assert ("lost.py", "ModelNew", ("r00", "r01", "r06")) in timed and ("lost.py", "Model", ()) in timed, timed

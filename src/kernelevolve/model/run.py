@@ -114,6 +114,7 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
             if h.wins:
                 result.why = f"{what}, {host} host; {h.line()}"
                 return finish(result, candidate.source, chosen, skipped, record)
+            result.notes.append(_where_it_lost(candidate, chosen, out_dir, cfg.device))
             worst = min(chosen, key=lambda c: (_gain(c, plan, outcomes), c.name))
             result.dropped.append(lost_line(worst.name, h))
             chosen.remove(worst)
@@ -124,6 +125,27 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     if cfg.head_to_head:
         settle_baselines(result, source, record, evaluator, rivals, on_stage)
     return fallback(result, source, record, "no region kernel made the whole model faster")
+
+
+def _where_it_lost(candidate: Candidate, chosen: list[Chosen], out_dir: Path, device: str) -> str:
+    """One line on a composition that lost its head-to-head: its kernels' time in one call by the profiler (device
+    time on a GPU), the whole's and each chosen problem's, beside the model's own forward in the same file. Less
+    device time than the model with a slower call is a loss on the host (launches, Python); more is the kernels'."""
+    from kernelevolve.model.profile import WHOLE, composed_times
+
+    path = out_dir / ".work" / "lost.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(candidate.source)
+    region_of = {f"_ke_{r.name}": c.name for c in chosen for r in c.regions}
+    what = "device time" if device == "cuda" else "CPU time"
+    try:
+        new = composed_times(path, region_of, device)
+        own = composed_times(path, {}, device, cls="Model")
+    except Exception as e:  # a note the less, never a failed run
+        return f"the composition that lost could not be profiled: {type(e).__name__}: {str(e)[:160]}"
+    kernels = ", ".join(f"{c.name} {new.get(c.name, 0.0):.4f} ms" for c in chosen)
+    return (f"the composition that lost, by the profiler: {new.get(WHOLE, 0.0):.4f} ms of {what} a call against "
+            f"{own.get(WHOLE, 0.0):.4f} ms for the model's own forward (its kernels: {kernels})")
 
 
 def _isolate(chosen: list[Chosen], failed: str, judge: Callable[[list[Chosen]], Any],
