@@ -114,3 +114,16 @@ def test_the_summary_tells_a_model_answered_by_itself_from_a_kernel_win() -> Non
     assert got["ads_geomean_vs_max_autotune"] == pytest.approx((1.47 * 1.21) ** 0.5)
     assert got["ads_geomean_vs_best_baseline"] == pytest.approx(1.21 ** 0.5)
     assert got["with_kernels"] == ["b"] and got["below_a_baseline"] == []
+
+
+def test_the_glue_benchmark_times_a_models_generated_forward_beside_it(tmp_path: Path) -> None:
+    """bench/glue.py: the generated forward with no kernel computes the model, and both are timed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_glue", ROOT / "bench" / "glue.py")
+    glue = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(glue)
+    small = load_suite().write_small_copy(ROOT / "bench" / "models" / "mmoe.py", tmp_path / "model")
+    row = glue.measure(small, "cpu", tmp_path / "work", compiled=False)
+    assert row["ops"] > 10 and row["model_ms"] > 0 and row["generated_ms"] > 0
+    assert row["eager_x"] == pytest.approx(row["generated_ms"] / row["model_ms"])
