@@ -150,3 +150,44 @@ def test_the_compile_host_runs_the_kernels_on_jagged_inputs_of_any_total(tmp_pat
     own forward, and the judge rejected the composition as launching none of its kernels)."""
     text, skipped = _check(tmp_path, BAGS, "reference", host="compile")
     assert "torch.library.custom_op" in text and not skipped
+
+
+def test_a_module_no_kernel_replaced_runs_as_the_module_itself(tmp_path: Path) -> None:
+    """Only the GEMMs get kernels: each LayerNorm, captured as its primitives, is called as the model's own module
+    in the eager host (one op, not eleven), and the model's values come out; under torch.compile it stays as ops."""
+    model_path = tmp_path / "model.py"
+    model_path.write_text(BLOCKS)
+    plan = plan_model(model_path, "cpu", tmp_path / "out")
+    gemms = [g for g in plan.groups if g.regions[0].kind == "matmul"]
+    assert gemms
+    chosen = [Chosen(g.name, g.regions, g.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n", "own")
+              for g in gemms]
+    text, skipped = compose(BLOCKS, plan.graph, chosen, "the GEMMs' kernels", plan.dynamic, plan.alt)
+    assert not skipped
+    for i in range(3):
+        assert f"self._modules['blocks']._modules['{i}']._modules['norm'](" in text
+    assert "aten.rsqrt" not in text[text.rindex("class ModelNew"):]  # the region files above it keep theirs
+    out = tmp_path / "best_model.py"
+    out.write_text(text)
+    for seed in (1, 2):
+        assert_new_matches_model(out, f"_compose_modules_{seed}", seed, torch.randn(64, 32))
+    compiled, _ = compose(BLOCKS, plan.graph, chosen, "the GEMMs' kernels", plan.dynamic, plan.alt, "compile")
+    assert "._modules['norm'](" not in compiled
+
+
+def test_a_module_call_that_is_not_whole_or_writes_in_place_stays_as_ops(tmp_path: Path) -> None:
+    """A module called twice on different values, or one marked in place, keeps the graph's ops."""
+    source = BLOCKS.replace("self.norm = nn.LayerNorm(d)", "self.norm = nn.LayerNorm(d)\n        self.act = nn.ReLU(inplace=True)") \
+                   .replace("h = torch.relu(self.fc(x))", "h = self.act(self.fc(x)) + self.act(x.clone())")
+    model_path = tmp_path / "model.py"
+    model_path.write_text(source)
+    plan = plan_model(model_path, "cpu", tmp_path / "out")
+    from kernelevolve.model.compose import module_calls
+
+    called = {m.spec["module"] for m, _ in module_calls(plan.graph, set())}
+    assert not any(p.endswith(".act") for p in called), called
+    assert {"blocks.0.norm", "blocks.0.fc"} <= called
+    text, _ = compose(source, plan.graph, [], "no kernel", plan.dynamic, plan.alt)
+    out = tmp_path / "best_model.py"
+    out.write_text(text)
+    assert_new_matches_model(out, "_compose_inplace", 0, torch.randn(64, 32))

@@ -314,10 +314,14 @@ class _Origins:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model, self.handles, self.stack = model, [], []
+        self.calls: dict[str, int] = {}
 
     def _enter(self, name: str) -> Callable:
         def hook(module: Any, args: Any) -> None:
-            self.stack.append(name)
+            # which call of the module this is, and whether it may write its input (an in-place activation): a
+            # composition calls a module whose whole call no kernel replaced as the module itself (compose.py)
+            self.calls[name] = self.calls.get(name, 0) + 1
+            self.stack.append((name, self.calls[name], getattr(module, "inplace", False) is True))
             self._mark()
         return hook
 
@@ -329,7 +333,8 @@ class _Origins:
     def _mark(self) -> None:
         import torch.fx.traceback as fx_traceback
 
-        fx_traceback.current_meta["custom"] = {"module": self.stack[-1] if self.stack else ""}
+        name, call, inplace = self.stack[-1] if self.stack else ("", 0, False)
+        fx_traceback.current_meta["custom"] = {"module": name, "call": call, "inplace": inplace}
 
     def __enter__(self) -> "_Origins":
         import torch.fx.traceback as fx_traceback

@@ -15,10 +15,13 @@ hosts where two draws write the same file.
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
+
+import torch
 import torch.fx as fx
 
-from kernelevolve.analyze.graph import CapturedGraph, dtype
+from kernelevolve.analyze.graph import CapturedGraph, dtype, is_convex
 from kernelevolve.model.partition import Region
 from kernelevolve.model.regionfile import region_parts
 from kernelevolve.templates.base import Match
@@ -149,6 +152,45 @@ def _instance_match(graph: CapturedGraph, region: Region, taken: set[fx.Node]) -
     return m, len(weights)
 
 
+def module_calls(graph: CapturedGraph, taken: set[fx.Node]) -> list[tuple[Match, str]]:
+    """The calls of the model's own modules that no kernel replaced, each as one unit of the generated forward that
+    calls the module itself (an expression on ``self``): the graph holds their ops in the normal form (a LayerNorm as
+    its primitives), which run slower one by one than the module's own op. A call qualifies where its ops are all of
+    one call of a module with no ops of a submodule under it, take one activation (its weights are the module's
+    own), give one tensor that anything outside reads, write nothing in place and leave no path out and back in."""
+    groups: dict[tuple[str, int], list[fx.Node]] = {}
+    for n in graph.calls():
+        tag = n.meta.get("custom") or {}
+        if tag.get("module") and tag.get("call"):
+            groups.setdefault((tag["module"], tag["call"]), []).append(n)
+    paths = {p for p, _ in groups}
+    parents = {p for p in paths for q in paths if q.startswith(p + ".")}
+    state = set(graph.placeholders()[:len(graph.state_names)])
+    out = []
+    for (path, _), nodes in groups.items():
+        inside = set(nodes)
+        if path in parents or inside & taken or not is_convex(nodes):
+            continue
+        if any((n.meta.get("custom") or {}).get("inplace") or not _pure(n) for n in nodes):
+            continue
+        ins = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes
+                                 if a not in inside and a not in state and a.op != "get_attr"))
+        outs = [n for n in nodes if any(u not in inside for u in n.users)]
+        if len(ins) != 1 or len(outs) != 1 or not isinstance(outs[0].meta.get("val"), torch.Tensor):
+            continue
+        expr = "self" + "".join(f"._modules[{part!r}]" for part in path.split("."))
+        out.append((Match(family="module", nodes=nodes, inputs=ins, outputs=outs, spec={"module": path}), expr))
+    return out
+
+
+def _pure(n: fx.Node) -> bool:
+    """An op that writes none of its arguments."""
+    if n.target is operator.getitem:
+        return True
+    schema = getattr(n.target, "_schema", None)
+    return schema is not None and not schema.is_mutable
+
+
 def compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc: str,
             dynamic: dict[int, set[int]] | None = None,
             alt: tuple[CapturedGraph, list[Region]] | None = None, host: str = "eager") -> tuple[str, list[str]]:
@@ -225,7 +267,12 @@ def _compose(model_source: str, graph: CapturedGraph, chosen: list[Chosen], doc:
                                f"[{', '.join(buffers)}], {xs})")
             matches.append(m)
             launchers[m.key] = fn
-    body = forward_body(graph, matches, launchers)
+    calls: dict[str, str] = {}
+    if not compiled:  # under torch.compile the primitives fuse again; in eager they run one by one
+        for m, expr in module_calls(graph, taken):
+            matches.append(m)
+            calls[m.key] = expr
+    body = forward_body(graph, matches, launchers, calls)
     paths = [tuple(k.split(".")) for k in graph.state_names]
     text = "\n".join(body)
     prologue = [STATE_LINE.format(state_paths=paths)] if paths else []

@@ -118,8 +118,10 @@ def node_line(gm: fx.GraphModule, n: fx.Node, name: "Namer") -> str:
     raise TemplateError(f"cannot write the call {n.target}")
 
 
-def forward_body(graph: CapturedGraph, matches: list[Match], launchers: dict[str, str]) -> list[str]:
-    """Statements of the generated forward; ``launchers`` maps a match key to its launcher name."""
+def forward_body(graph: CapturedGraph, matches: list[Match], launchers: dict[str, str],
+                 calls: dict[str, str] | None = None) -> list[str]:
+    """Statements of the generated forward; ``launchers`` maps a match key to its launcher name, ``calls`` a match
+    key to a callable of one output (a module of the model's own, which returns its tensor rather than a tuple)."""
     name = Namer()
     lines: list[str] = []
     placeholders = graph.placeholders()
@@ -132,6 +134,9 @@ def forward_body(graph: CapturedGraph, matches: list[Match], launchers: dict[str
             for n, o in zip(unit.outputs, outs):
                 name.names[n] = o
             ins = ", ".join(name(n) for n in unit.inputs)
+            if calls and unit.key in calls:
+                lines.append(f"{outs[0]} = {calls[unit.key]}({ins})")
+                continue
             lines.append(f"{', '.join(outs)}, = {launchers[unit.key]}({ins})")
             continue
         n = unit
