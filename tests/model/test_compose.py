@@ -191,3 +191,20 @@ def test_a_module_call_that_is_not_whole_or_writes_in_place_stays_as_ops(tmp_pat
     out = tmp_path / "best_model.py"
     out.write_text(text)
     assert_new_matches_model(out, "_compose_inplace", 0, torch.randn(64, 32))
+
+
+def test_a_module_that_is_the_whole_graph_is_not_called_as_itself(tmp_path: Path) -> None:
+    """A part of a model is written as a file whose Model holds the submodule; by parts, that file's forward becomes
+    the submodule's own, so calling the submodule from it would call itself."""
+    from kernelevolve.analyze.graph import capture
+    from kernelevolve.model.compose import module_calls
+
+    source = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.part = nn.LayerNorm(32)\n\n    def forward(self, x):\n"
+              "        return self.part(x){tail}\n\n\ndef get_inputs():\n    return [torch.randn(8, 32)]\n\n\n"
+              "def get_init_inputs():\n    return []\n")
+    for tail, want in (("", set()), (" * 2", {"part"})):
+        path = tmp_path / f"m{len(tail)}.py"
+        path.write_text(source.format(tail=tail))
+        graph = capture(load_problem(path), origins=True)
+        assert {m.spec["module"] for m, _ in module_calls(graph, set())} == want

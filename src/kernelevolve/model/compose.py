@@ -165,11 +165,13 @@ def module_calls(graph: CapturedGraph, taken: set[fx.Node]) -> list[tuple[Match,
             groups.setdefault((tag["module"], tag["call"]), []).append(n)
     paths = {p for p, _ in groups}
     parents = {p for p in paths for q in paths if q.startswith(p + ".")}
+    every = len(graph.calls())
     state = set(graph.placeholders()[:len(graph.state_names)])
     out = []
     for (path, _), nodes in groups.items():
         inside = set(nodes)
-        if path in parents or inside & taken or not is_convex(nodes):
+        # a module that is the whole graph is the model (or a part, whose forward this file's becomes): never itself
+        if path in parents or len(nodes) == every or inside & taken or not is_convex(nodes):
             continue
         if any((n.meta.get("custom") or {}).get("inplace") or not _pure(n) for n in nodes):
             continue
