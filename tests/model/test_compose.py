@@ -177,7 +177,8 @@ def test_a_module_no_kernel_replaced_runs_as_the_module_itself(tmp_path: Path) -
 
 def test_a_module_call_that_is_not_whole_or_writes_in_place_stays_as_ops(tmp_path: Path) -> None:
     """A module called twice on different values, or one marked in place, keeps the graph's ops."""
-    source = BLOCKS.replace("self.norm = nn.LayerNorm(d)", "self.norm = nn.LayerNorm(d)\n        self.act = nn.ReLU(inplace=True)") \
+    act = "self.norm = nn.LayerNorm(d)\n        self.act = nn.ReLU(inplace=True)"
+    source = BLOCKS.replace("self.norm = nn.LayerNorm(d)", act) \
                    .replace("h = torch.relu(self.fc(x))", "h = self.act(self.fc(x)) + self.act(x.clone())")
     model_path = tmp_path / "model.py"
     model_path.write_text(source)
