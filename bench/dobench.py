@@ -35,7 +35,7 @@ def _module(path: Path, name: str) -> Any:
     return module
 
 
-def _cpu_bench(fn: Any, return_mode: str = "median", warmup: int = 3, reps: int = 50) -> float:
+def cpu_bench(fn: Any, return_mode: str = "median", warmup: int = 3, reps: int = 50) -> float:
     """do_bench's figure on the CPU, where it cannot run (it needs CUDA): the median of ``reps`` timed calls, in ms."""
     for _ in range(warmup):
         fn()
@@ -70,7 +70,7 @@ def measure(problem_path: Path, kernel_path: Path, device: str = "cuda", tf32: b
             model(*inputs)
         if device == "cuda":
             torch.cuda.synchronize()
-        bench = triton.testing.do_bench if device == "cuda" else _cpu_bench
+        bench = triton.testing.do_bench if device == "cuda" else cpu_bench
         for _ in range(ROUNDS):
             for name, model in (("eager", ref), ("kernel", new)):
                 times[name].append(float(bench(lambda m=model: m(*inputs), return_mode="median")))

@@ -7,15 +7,13 @@ The graph is captured in its normal form: LayerNorm, softmax and the like come o
 template families claim. Where no kernel replaces them, the eager host runs those primitives one by one, so a
 composition starts this far behind the model (``eager x``: the generated forward's time over the model's); the
 compile host lets Inductor fuse them again (``compile x``: the generated forward under torch.compile over the model
-under torch.compile). A call's time: CUDA events around each call on a GPU (the device idle before it), the wall
-clock on the CPU; the median of the rounds. ``--small`` uses the models' SMALL sizes (a CPU smoke run).
+under torch.compile). A call's time: the median by ``triton.testing.do_bench`` on a GPU, of 50 timed calls on the
+CPU. ``--small`` uses the models' SMALL sizes (a CPU smoke run).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,29 +24,16 @@ from bench.record import record, write  # noqa: E402
 MODELS = ROOT / "bench" / "models"
 
 
-def call_ms(fn: Callable[[], Any], device: str, calls: int = 20, rounds: int = 5) -> float:
-    """The median time of one call of ``fn`` (ms) over ``rounds`` rounds of ``calls`` calls, after a warm-up."""
-    import torch
+def call_ms(fn: Callable[[], Any], device: str) -> float:
+    """The median time of one call of ``fn`` (ms): ``triton.testing.do_bench`` on a GPU, its CPU stand-in
+    (bench/dobench.py) on the CPU."""
+    if device == "cuda":
+        from triton.testing import do_bench
 
-    cuda = device == "cuda"
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(rounds):
-        for _ in range(calls):
-            if cuda:
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+        return do_bench(fn, return_mode="median")
+    from bench.dobench import cpu_bench
+
+    return cpu_bench(fn)
 
 
 def measure(path: Path, device: str, work: Path, compiled: bool = True) -> dict[str, Any]:

@@ -163,8 +163,7 @@ def module_calls(graph: CapturedGraph, taken: set[fx.Node]) -> list[tuple[Match,
         tag = n.meta.get("custom") or {}
         if tag.get("module") and tag.get("call"):
             groups.setdefault((tag["module"], tag["call"]), []).append(n)
-    paths = {p for p, _ in groups}
-    parents = {p for p in paths for q in paths if q.startswith(p + ".")}
+    parents = {path.rsplit(".", k)[0] for path, _ in groups for k in range(1, path.count(".") + 1)}
     every = len(graph.calls())
     state = set(graph.placeholders()[:len(graph.state_names)])
     out = []

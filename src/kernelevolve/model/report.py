@@ -46,19 +46,19 @@ def waterfall(outcome: Any) -> tuple[list[Step], str]:
     before, after, note = {}, {}, ""
     if outcome.best_model is not None:
         try:
-            # the same generated forward with each kept region running its own ops: before and after differ only
-            # in the region kernels
-            own = [Chosen(g.name, g.regions, g.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n",
-                          "the region's own ops") for g in kept]
-            text, _ = compose(plan.problem.source, plan.graph, own, "the model with each region as its own ops")
-            path = plan.out_dir / ".work" / "model_before.py"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
             after = composed_times(outcome.best_model, region_of, plan.times.device)
-            # with no region kernel kept, best_model.py is the model or a compiled build of it: before is the
-            # model's own class in that file, not the generated forward
-            before = composed_times(path, region_of, plan.times.device) if kept else \
-                composed_times(outcome.best_model, {}, plan.times.device, cls="Model")
+            if kept:
+                # the same generated forward with each kept region running its own ops: before and after differ
+                # only in the region kernels
+                own = [Chosen(g.name, g.regions, g.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n",
+                              "the region's own ops") for g in kept]
+                text, _ = compose(plan.problem.source, plan.graph, own, "the model with each region as its own ops")
+                path = plan.out_dir / ".work" / "model_before.py"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                before = composed_times(path, region_of, plan.times.device)
+            else:  # best_model.py is the model or a compiled build of it: before is the model's own class there
+                before = composed_times(outcome.best_model, {}, plan.times.device, cls="Model")
         except Exception as e:  # a report without its measured columns, never a failed run
             log.warning("the model could not be profiled region by region: %s: %s", type(e).__name__, e)
             note = f"the model could not be profiled region by region: {type(e).__name__}: {str(e)[:200]}"

@@ -94,6 +94,7 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     doc = f"kernelevolve: {Path(plan.problem.path).name} with its regions' kernels"
     judge = functools.partial(_judge_hosts, source, plan, doc=doc, hosts=hosts, evaluator=evaluator, record=record,
                               result=result, cfg=cfg, on_stage=on_stage)
+    own_ms: dict[str, float] = {}  # the model's own forward by the profiler, once a run (_where_it_lost)
     try:
         judged: tuple[str, Candidate, Any, list[str]] | str | None = None
         while chosen:
@@ -114,7 +115,7 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
             if h.wins:
                 result.why = f"{what}, {host} host; {h.line()}"
                 return finish(result, candidate.source, chosen, skipped, record)
-            result.notes.append(_where_it_lost(candidate, chosen, out_dir, cfg.device))
+            result.notes.append(_where_it_lost(candidate, chosen, out_dir, cfg.device, own_ms))
             worst = min(chosen, key=lambda c: (_gain(c, plan, outcomes), c.name))
             result.dropped.append(lost_line(worst.name, h))
             chosen.remove(worst)
@@ -127,10 +128,12 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     return fallback(result, source, record, "no region kernel made the whole model faster")
 
 
-def _where_it_lost(candidate: Candidate, chosen: list[Chosen], out_dir: Path, device: str) -> str:
+def _where_it_lost(candidate: Candidate, chosen: list[Chosen], out_dir: Path, device: str,
+                   own: dict[str, float]) -> str:
     """One line on a composition that lost its head-to-head: its kernels' time in one call by the profiler (device
-    time on a GPU), the whole's and each chosen problem's, beside the model's own forward in the same file. Less
-    device time than the model with a slower call is a loss on the host (launches, Python); more is the kernels'."""
+    time on a GPU), the whole's and each chosen problem's, beside the model's own forward in the same file (``own``,
+    filled on the first loss and kept for the next). Less device time than the model with a slower call is a loss on
+    the host (launches, Python); more is the kernels'."""
     from kernelevolve.model.profile import WHOLE, composed_times
 
     path = out_dir / ".work" / "lost.py"
@@ -140,7 +143,8 @@ def _where_it_lost(candidate: Candidate, chosen: list[Chosen], out_dir: Path, de
     what = "device time" if device == "cuda" else "CPU time"
     try:
         new = composed_times(path, region_of, device)
-        own = composed_times(path, {}, device, cls="Model")
+        if WHOLE not in own:
+            own[WHOLE] = composed_times(path, {}, device, cls="Model").get(WHOLE, 0.0)
     except Exception as e:  # a note the less, never a failed run
         return f"the composition that lost could not be profiled: {type(e).__name__}: {str(e)[:160]}"
     kernels = ", ".join(f"{c.name} {new.get(c.name, 0.0):.4f} ms" for c in chosen)
