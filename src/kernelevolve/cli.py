@@ -180,7 +180,9 @@ def _print_model_plan(console: Any, plan: Any) -> None:
 
     from kernelevolve.model.profile import hot_regions
 
-    t = Table(title=f"{plan.problem.name}: {plan.times.total_ms:.3f} ms of ops on {plan.times.device}, "
+    graph = plan.times.graph_ms
+    ops = f" (its graph op by op: {graph:.3f} ms)" if graph is not None and plan.times.model_ms is not None else ""
+    t = Table(title=f"{plan.problem.name}: {plan.times.total_ms:.3f} ms on {plan.times.device}{ops}, "
                     f"{len(plan.partition.regions)} regions, {len(plan.groups)} problems")
     for col in ("region", "kind", "where", "instances", "ms", "share"):
         t.add_column(col)

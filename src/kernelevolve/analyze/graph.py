@@ -55,6 +55,8 @@ class CapturedGraph:
     # the traced arguments, [state tensors, *inputs]; with ``draw``, only the state: ``example`` draws the inputs
     _example: list[Any] = field(default_factory=list, repr=False)
     draw: Callable[[], list[Any]] | None = field(default=None, repr=False, compare=False)
+    # the traced model, its parameters the state tensors: a profile times the model's own forward beside the graph's
+    model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
 
     @property
     def example(self) -> list[Any]:
@@ -468,8 +470,8 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_se
         input_meta = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in args]
         state = [dict(model.named_parameters(), **dict(model.named_buffers()))[n].detach() for n in names]
         if inputs is None:
-            return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state], draw=draw)
-        return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state, *inputs])
+            return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state], draw=draw, model=model)
+        return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state, *inputs], model=model)
     raise CaptureError("; ".join(errors), where)
 
 

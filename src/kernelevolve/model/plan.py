@@ -69,6 +69,7 @@ class ModelPlan:
     def to_dict(self) -> dict[str, Any]:
         total = self.times.total_ms
         return {"model": self.problem.path, "device": self.times.device, "total_ms": total,
+                "graph_ms": self.times.graph_ms, "model_ms": self.times.model_ms,
                 "ops": len(self.graph.calls()), "regions": len(self.partition.regions),
                 "problems": [g.row(total) for g in self.groups],
                 "hot": [h.__dict__ for h in hot_regions(self.partition, self.times)], "notes": self.notes}

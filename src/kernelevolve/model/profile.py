@@ -3,10 +3,16 @@
 The graph runs node by node on the device (an ``fx.Interpreter``), each node inside a profiler range named after it;
 the profiler gives each range the device time of the kernels launched in it (the CPU time on the CPU). A few runs
 first warm the allocator and the libraries up; the median over the measured runs is kept.
+
+The graph is the model in the normal form the families claim: a LayerNorm or a softmax is there as its primitive ops,
+each a kernel of its own, where the model's own forward runs one fused kernel. So the model's own forward is profiled
+too, each module call in a range of its own, and the ops of each module call are scaled to that call's own time
+(``calibrate``): a region's time is then what the model spends on it, and the ops add up to the model's call.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +26,18 @@ from kernelevolve.analyze.graph import CapturedGraph, op_name
 from kernelevolve.model.partition import Partition
 
 PREFIX = "kernelevolve::"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class OpTimes:
     """Device time of each call node (ms, one call of the model) and the whole graph's."""
-    per_node: dict[str, float]  # node name -> ms
+    per_node: dict[str, float]  # node name -> ms, scaled to the model's own module calls where those were timed
     total_ms: float
     device: str
     runs: int
+    graph_ms: float | None = None  # the graph's ops as they are, unscaled (the normal form run op by op)
+    model_ms: float | None = None  # the model's own forward, one call
 
     def of(self, nodes: list[fx.Node]) -> float:
         return sum(self.per_node.get(n.name, 0.0) for n in nodes)
@@ -69,7 +78,104 @@ def op_times(graph: CapturedGraph, device: str = "cpu", runs: int = 5, warmup: i
             for name, ms in got.items():
                 samples.setdefault(name, []).append(ms)
     per_node = {k: statistics.median(v) for k, v in samples.items()}
-    return OpTimes(per_node, sum(per_node.values()), device, runs)
+    graph_ms = sum(per_node.values())
+    own = None
+    if graph.model is not None:
+        try:
+            own = module_times(graph.model, graph.state_names, args, activities, runs, warmup)
+        except Exception as e:  # the graph's own times stand: a model whose forward cannot run apart is rare
+            log.info("the model's own forward could not be profiled: %s: %s", type(e).__name__, e)
+    if own is None:
+        return OpTimes(per_node, graph_ms, device, runs, graph_ms)
+    scaled = calibrate(graph, per_node, own[0])
+    return OpTimes(scaled, sum(scaled.values()), device, runs, graph_ms, own[1])
+
+
+_ROOT = ("", 1)  # the model's own call: the root module's first call
+
+
+def module_times(model: nn.Module, names: list[str], args: list[Any], activities: list[Any], runs: int,
+                 warmup: int) -> tuple[dict[tuple[str, int], float], float]:
+    """The model's own forward on the graph's arguments (``args``: [state tensors named ``names``, *inputs]): the
+    self time of each module call, keyed by (module path, call number), as capture numbers them (graph.py's
+    ``_Origins``); the root's key is ("", 1). A call's self time is its range's time less its child calls'. Also
+    returns the time of the whole call (the sum of the self times)."""
+    from torch.func import functional_call
+
+    calls: dict[str, int] = {}
+    stack: list[tuple[tuple[str, int], Any]] = []
+    parent: dict[tuple[str, int], tuple[str, int] | None] = {}
+
+    def enter(name: str) -> Any:
+        def hook(module: nn.Module, inputs: Any) -> None:
+            calls[name] = calls.get(name, 0) + 1
+            key = (name, calls[name])
+            parent[key] = stack[-1][0] if stack else None
+            rf = torch.profiler.record_function(f"{PREFIX}{_MODULE}{len(parent) - 1}")
+            rf.__enter__()
+            stack.append((key, rf))
+        return hook
+
+    def leave(module: nn.Module, inputs: Any, out: Any) -> None:
+        if stack:
+            stack.pop()[1].__exit__(None, None, None)
+
+    handles = []
+    for name, sub in model.named_modules():
+        handles += [sub.register_forward_pre_hook(enter(name)), sub.register_forward_hook(leave)]
+    state = dict(zip(names, args[0]))
+    cuda = any(getattr(a, "is_cuda", False) for a in [*args[0], *args[1:]])
+    samples: dict[tuple[str, int], list[float]] = {}
+    try:
+        with torch.no_grad():
+            for i in range(warmup + runs):
+                calls.clear()
+                parent.clear()
+                stack.clear()
+                if i < warmup:
+                    functional_call(model, state, tuple(args[1:]))
+                    continue
+                with _profiled(activities) as prof:
+                    functional_call(model, state, tuple(args[1:]))
+                    if cuda:
+                        torch.cuda.synchronize()
+                keys = list(parent)
+                total = {keys[int(name[len(_MODULE):])]: ms for name, ms in _ranges(prof.events(), cuda).items()
+                         if name.startswith(_MODULE) and int(name[len(_MODULE):]) < len(keys)}
+                for key in keys:
+                    inner = sum(total.get(k, 0.0) for k in keys if parent[k] == key)
+                    samples.setdefault(key, []).append(max(total.get(key, 0.0) - inner, 0.0))
+    finally:
+        for h in handles:
+            h.remove()
+    own = {k: statistics.median(v) for k, v in samples.items()}
+    whole = statistics.median([sum(v[i] for v in samples.values() if i < len(v)) for i in range(runs)])
+    return own, whole
+
+
+_MODULE = "module:"
+
+
+def calibrate(graph: CapturedGraph, per_node: dict[str, float],
+              own: dict[tuple[str, int], float]) -> dict[str, float]:
+    """The graph's op times scaled, module call by module call, to the model's own time of that call: within a call
+    its ops keep their proportions, and together they take what the model's own call of that module takes. Ops of a
+    call the model's profile has no time for keep their own times."""
+    by_call: dict[tuple[str, int], list[str]] = {}
+    for n in graph.calls():
+        custom = n.meta.get("custom") or {}
+        by_call.setdefault((custom.get("module", ""), int(custom.get("call", 0) or 0)), []).append(n.name)
+    out = dict(per_node)
+    for key, names in by_call.items():
+        if key == ("", 0):
+            key = _ROOT  # nodes traced outside every hook: the root's own ops
+        mine = sum(per_node.get(n, 0.0) for n in names)
+        if key not in own or mine <= 0:
+            continue
+        for n in names:
+            if n in per_node:
+                out[n] = per_node[n] * own[key] / mine
+    return out
 
 
 @contextlib.contextmanager
