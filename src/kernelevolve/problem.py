@@ -105,6 +105,8 @@ def make_inputs(module: ModuleType, seed: int, shape_index: int = 0, device: str
             # under the lock too: torch.device() also sets a process-wide current device while it is entered
             with _RNG_LOCK, torch.device(device):
                 return to_device(_draw(module, seed, shape_index), device)
+        except torch.OutOfMemoryError:
+            raise  # no room for the inputs: a draw on the CPU would not fit when moved either (and takes seconds)
         except Exception:  # the user's get_inputs(): it may need CPU tensors
             pass
     inputs = _draw(module, seed, shape_index)

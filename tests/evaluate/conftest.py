@@ -27,7 +27,8 @@ def eval_config(**overrides) -> EvalConfig:
 
 
 def make_evaluator(problem: str, workdir: Path, **overrides) -> Evaluator:
-    return Evaluator(load_problem(CHEATS / problem), eval_config(**overrides), workdir)
+    # loaded on the device it is judged on: a problem of 16 GB would otherwise be drawn and run on the host first
+    return Evaluator(load_problem(CHEATS / problem, overrides.get("device", "cpu")), eval_config(**overrides), workdir)
 
 
 @pytest.fixture(scope="module")

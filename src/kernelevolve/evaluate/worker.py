@@ -32,6 +32,7 @@ CANDIDATE_MODULE = "ke_candidate"
 PROBLEM_MODULE = "ke_problem"
 # The calibration loop repeats the timed loop's work without the call: as many repetitions, up to this many.
 CALIBRATION_REPS = 50
+TRIM_BYTES = 1 << 30  # freed device memory handed back after each command from this much on (Session._trim_cache)
 CALIBRATION_WARMUP = timing.TimingConfig(budget_ms=0.0, warmup_ms=5.0)
 _perf = timing._perf
 
@@ -264,6 +265,15 @@ class Session:
             if cmd["cmd"] == "done":
                 return
             getattr(self, f"cmd_{cmd['cmd']}")(cmd)
+            self._trim_cache()
+
+    def _trim_cache(self) -> None:
+        """Hand the device memory this process freed (a call's temporaries, the mutation check's copy, the last
+        outputs) back to the driver once a command is over, where it is a gigabyte or more: the parent computes the
+        next reference in that room, and the output share allocates outside torch's cache. Otherwise, with inputs
+        and outputs of 16 GB, the parent's references fell back to the host, and so did the comparisons."""
+        if self.device == "cuda" and torch.cuda.memory_reserved() - torch.cuda.memory_allocated() >= TRIM_BYTES:
+            torch.cuda.empty_cache()
 
     # --- commands -------------------------------------------------------------------------------------------
     def cmd_load(self, cmd: dict[str, Any]) -> None:
@@ -283,6 +293,7 @@ class Session:
                         "weights": "reference" if self.job["mode"] == "baseline" else weights})
 
     def cmd_trial(self, cmd: dict[str, Any]) -> None:
+        self.inputs = None  # the last trial's: their memory goes to this one's
         self.inputs = make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0), self.device)
         self._send_outputs(self._call(self.inputs))
 
@@ -780,6 +791,7 @@ class Session:
         # only outputs on the device: the copies kept in host memory go by the host path, not back to the device
         if (self.device == "cuda" and min_bytes is not None and tensors and all(t.is_cuda for t in tensors)
                 and sum(t.numel() * t.element_size() for t in tensors) >= min_bytes):
+            torch.cuda.empty_cache()  # the call's freed temporaries make room for the shared copies
             try:
                 return {"tensors": meta, "shared": self.exporter.export(tensors)}, b""
             except devshare.DeviceShareError as e:
