@@ -382,7 +382,7 @@ class Evaluator:
         header, blob, ref = self._output(child, {"cmd": cmd, "seed": seed, "shape": shape}, gpu)
         if details is not None:
             _note_peak(details, header.get("peak_bytes"))
-        outs = _load_tensors(header, blob, _device_of(ref))
+        outs = _shared_back(child, header, _load_tensors(header, blob, _device_of(ref)))
         reason = self._compare(ref, outs, self._exact(seed, shape, gpu), details)
         if reason:
             raise _Verdict(Status.INCORRECT, f"{what}: {reason}")
@@ -403,7 +403,7 @@ class Evaluator:
             header, blob, ref = self._output(child, {"cmd": "ghost", "seed": fresh_seed(), "shape": 0}, gpu)
             if header.get("ghost_error"):
                 return
-            outs = _load_tensors(header, blob, _device_of(ref))
+            outs = _shared_back(child, header, _load_tensors(header, blob, _device_of(ref)))
             if self._compare(ref, outs) is not None:
                 return
             n = len(self.problem.output_dtypes) or len(ref)  # the outputs, not state or inputs
@@ -773,6 +773,15 @@ def _count(value: Any) -> int:
         return max(0, int(value))
     except (TypeError, ValueError, OverflowError):
         return 0
+
+
+def _shared_back(child: Child, header: dict[str, Any], outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Outputs the child shared on the device are copied: its copies go now (it hands their memory back to the
+    driver), not with its next command, so that the parent's next reference has that room."""
+    if header.get("shared") is not None:
+        child.send({"cmd": "release"})
+        _raise_on_fail(child.recv()[0], "released")
+    return outs
 
 
 def _load_tensors(header: dict[str, Any], blob: Buffer, device: torch.device = torch.device("cpu"),

@@ -292,6 +292,11 @@ class Session:
         self.chan.send({"msg": "loaded", "load_s": _perf() - t0, "kernels": self.kernels,
                         "weights": "reference" if self.job["mode"] == "baseline" else weights})
 
+    def cmd_release(self, cmd: dict[str, Any]) -> None:
+        """The parent has copied the outputs shared with it (the loop released them on this command's arrival)."""
+        self._trim_cache()
+        self.chan.send({"msg": "released"})
+
     def cmd_trial(self, cmd: dict[str, Any]) -> None:
         self.inputs = None  # the last trial's: their memory goes to this one's
         self.inputs = make_inputs(self.problem, cmd["seed"], cmd.get("shape", 0), self.device)
