@@ -135,6 +135,21 @@ CASES: dict[str, tuple[str, str]] = {
             return [torch.randint(0, 100, (30,)), offsets]
         def get_init_inputs(): return []
     """),
+    "embedding_bags_grouped": ("segment_reduction", """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tables = nn.ModuleList(nn.EmbeddingBag(n, 24, mode="sum") for n in (100, 60, 80))
+            def forward(self, i0, o0, i1, o1, i2, o2):
+                return torch.stack([t(i, o) for t, i, o in zip(self.tables, (i0, i1, i2), (o0, o1, o2))], 1)
+        def get_inputs():  # three bags of eight, each table with its own indices and random bag sizes
+            out = []
+            for rows in (100, 60, 80):
+                cuts = torch.sort(torch.randint(0, 30, (7,))).values
+                out += [torch.randint(0, rows, (30,)), torch.cat([torch.zeros(1, dtype=torch.long), cuts])]
+            return out
+        def get_init_inputs(): return []
+    """),
     "dlrm_interaction": ("pairwise_interaction", """
         class Model(nn.Module):
             def forward(self, dense, sparse):

@@ -110,7 +110,9 @@ class Model(nn.Module):
         self.c = nn.EmbeddingBag(rows * 2, dim, mode="sum")
 
     def forward(self, ia, oa, ib, ob, ic, oc):
-        return torch.cat([self.a(ia, oa), self.b(ib, ob), self.c(ic, oc)], dim=1)
+        # each bag with an op of its own after it: bags alone are pooled together in one launch (a group), and
+        # this model is about bags alike that stay apart
+        return torch.cat([torch.tanh(self.a(ia, oa)), torch.tanh(self.b(ib, ob)), torch.tanh(self.c(ic, oc))], dim=1)
 
 
 def _bags():
@@ -126,6 +128,39 @@ def get_inputs():
 def get_init_inputs():
     return [100, 8]
 '''
+
+
+def test_bags_alone_are_one_region_and_compose_on_fresh_draws(tmp_path: Path) -> None:
+    """Three bags with nothing after them are one region (one launch); its problem file, standing in for its kernel,
+    composes into the model and computes each table with its own ids on draws of other totals."""
+    from kernelevolve.model.compose import Chosen, compose
+    from kernelevolve.problem import build_model, import_module_from_path
+
+    source = TABLES.replace("torch.tanh(self.a(ia, oa)), torch.tanh(self.b(ib, ob)), torch.tanh(self.c(ic, oc))",
+                            "self.a(ia, oa), self.b(ib, ob), self.c(ic, oc)")
+    path = tmp_path / "bags.py"
+    path.write_text(source)
+    plan = plan_model(path, "cpu", tmp_path / "out")
+    (group,) = [g for g in plan.groups if g.kind == "segment"]
+    assert len(group.regions) == 1 and len(group.regions[0].outputs) == 3
+    chosen = [Chosen(group.name, group.regions, group.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n",
+                     "own")]
+    text, skipped = compose(source, plan.graph, chosen, "bags", plan.dynamic, plan.alt)
+    assert not skipped
+    (tmp_path / "best.py").write_text(text)
+    ref_mod, new_mod = import_module_from_path(path, "_bags_ref"), import_module_from_path(tmp_path / "best.py",
+                                                                                          "_bags_new")
+    ref, new = build_model(ref_mod, "Model", 1), build_model(new_mod, "ModelNew", 1)
+    new.load_state_dict(ref.state_dict())
+    fn = f"_ke_{group.regions[0].name}"
+    calls, region = [], getattr(new_mod, fn)
+    setattr(new_mod, fn, lambda *a: calls.append(1) or region(*a))
+    for seed in (4, 5):
+        torch.manual_seed(seed)
+        xs = ref_mod.get_inputs()
+        with torch.no_grad():
+            torch.testing.assert_close(new(*xs), ref(*xs))
+    assert len(calls) == 2  # the region ran at each draw, not the model's own forward
 
 
 def test_tables_alike_but_for_their_jagged_totals_are_one_problem(tmp_path: Path) -> None:

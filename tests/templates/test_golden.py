@@ -84,6 +84,7 @@ VARIANTS = [
     ("row_reduction", "softmax_functional", {"PERSISTENT": False, "PARTS": 3, "ONE_READ": True}),
     ("row_reduction", "column_sum", {"PERSISTENT": False, "SPLIT": 4}),
     ("scan", "cumprod_inner_dim", {"COLS": 64}),  # rows along an inner dimension, read side by side
+    ("segment", "embedding_bags_grouped", {"num_warps": 2}),  # three tables' bags in one launch
 ]
 # the knobs that choose a schedule or a precision mode (the others only size tiles): each value a family's space
 # offers beside its default has a variant above

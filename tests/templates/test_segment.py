@@ -24,6 +24,15 @@ LENGTHS = "torch.tensor([3, 0, 7, 5, 6, 0])"  # 21 indices, empty bags inside an
 OFFSETS = "torch.tensor([0, 3, 3, 10, 15, 21])"
 # name: (forward arguments, forward body, inputs, ops the matches must hold, number of matches)
 CASES = {
+    # two bags of one width (a table computed in the graph, bags of other counts) pooled in one launch, a third of
+    # another width alone
+    "bags_grouped": ("idx, off, idx2, off2",
+                     "a = F.embedding_bag(idx, self.w, off, mode='mean')\n"
+                     "b = F.embedding_bag(idx2, self.w * 2.0, off2, mode='mean')\n"
+                     "c = F.embedding_bag(idx, self.w[:, :16], off, mode='mean')\n"
+                     "return torch.cat([a, b], 0), c",
+                     f"{IDX}, {OFFSETS}, torch.randint(0, 50, (9,)), torch.tensor([0, 2, 2, 5])",
+                     {"_embedding_bag_forward_only"}, 2),
     "bag_mean_relu": ("idx, off", "return torch.relu(F.embedding_bag(idx, self.w, off, mode='mean'))",
                       f"{IDX}, {OFFSETS}", {"_embedding_bag_forward_only", "relu"}, 1),
     "bag_sum_psw_last": ("idx, off, psw", "return F.embedding_bag(idx, self.w, off, mode='sum', "
@@ -138,6 +147,16 @@ def test_finds_and_matches_reference(tmp_path, name):
         assert m.kind == "segment_reduction"
         for config in configs(template, m):
             check(run(m, config, [values[n] for n in m.inputs]), [values[n] for n in m.outputs])
+
+
+def test_bags_of_one_kind_are_pooled_in_one_launch(tmp_path):
+    g = make(tmp_path, "grouped", *CASES["bags_grouped"][:3])
+    matches = SegmentTemplate().find(g, set())
+    group = next(m for m in matches if "group" in m.spec)
+    assert len(group.spec["group"]) == 2 and len(group.outputs) == 2
+    assert [len(m.spec.get("group", [m])) for m in matches] == [2, 1]
+    source = SegmentTemplate().render(group, {}, "seg0")
+    assert source.count("seg0_kernel[") == 1 and "tl.program_id(2)" in source
 
 
 @pytest.mark.parametrize("name", list(NEGATIVE))

@@ -9,7 +9,8 @@ or offsets; ``sum``/``amax``/``amin`` over the bag axis of a [B, L, D] gather. O
 of D, accumulating in fp32; the pointwise ops that consume the pooled rows (a mean as sum / clamp(lengths)) run in the
 same kernel, and so do bag counts the graph computes itself (``bincount`` of offset-built ids, ``diff(offsets)``).
 Segment ids in any order are sorted in the launcher (argsort + searchsorted, no host sync). Offsets are taken to start
-at 0, as ``embedding_bag`` requires.
+at 0, as ``embedding_bag`` requires. Bags by offsets of several tables of one width, with nothing fused after them,
+are pooled in one launch (a third grid axis picks the table).
 """
 from kernelevolve.templates.segment.template import FAMILY, SegmentTemplate
 

@@ -146,6 +146,8 @@ def _prep(spec: dict, gather: bool) -> tuple[list[str], list[str]]:
 
 def render_segment(match: Match, config: dict[str, Any], name: str) -> str:
     spec = match.spec
+    if "group" in spec:
+        return render_group(match, config, name)
     gather = "table" in spec["roles"]
     block_d = min(int(config.get("BLOCK_D", 128)), pow2(spec["D"]))
     block_l = min(int(config.get("BLOCK_L", 16)), pow2(spec.get("L", 1 << 20)))
@@ -178,3 +180,70 @@ def render_segment(match: Match, config: dict[str, Any], name: str) -> str:
         args=", ".join(args + ["outs[%d]" % i for i in range(len(outs))]), BLOCK_D=block_d, BLOCK_L=block_l,
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1)))
     return kernel + launcher
+
+
+# Several bags of one kind (tables of one width and dtype, each with its own indices and offsets, as a DLRM's ten
+# embedding bags): one launch for all of them. Each table's pooling is the single kernel's body in a function of its
+# own; the kernel's third grid axis picks the table.
+_ONE = '''
+@triton.jit
+def {name}_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, stride_d, bag, d, dmask,
+        BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
+{body}
+'''
+
+_GROUP_KERNEL = '''
+@triton.jit
+def {name}_kernel(
+        {params},
+        D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
+    bag = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < D
+    t = tl.program_id(2)
+{branches}
+'''
+
+_GROUP_LAUNCHER = '''
+def {name}(*inputs):
+    srcs = [inputs[k] for k in {tables}]
+    idxs = [inputs[k].reshape(-1) for k in {idx}]
+    bnds = [inputs[k].reshape(-1) for k in {offsets}]
+    D = srcs[0].shape[1]
+    S = [b.numel() - {include_last} for b in bnds]
+    outs = [torch.empty((s, D), dtype={dtype}, device=srcs[0].device) for s in S]
+    if max(S) > 0 and D > 0:
+        args = [a for t in range({n}) for a in (srcs[t], idxs[t], bnds[t], bnds[t].numel(), outs[t], idxs[t].numel(),
+                                           S[t], srcs[t].stride(0), srcs[t].stride(1))]
+        {name}_kernel[(max(S), _cdiv(D, {BLOCK_D}), {n})](*args, D, BLOCK_L={BLOCK_L}, BLOCK_D={BLOCK_D},
+            EVEN_D=D % {BLOCK_D} == 0, num_warps={num_warps}, num_stages={num_stages})
+    return tuple(outs)
+'''
+
+
+def render_group(match: Match, config: dict[str, Any], name: str) -> str:
+    """One kernel for the bags of ``match.spec["group"]`` (each a bag's spec, its roles indexing the match's inputs),
+    which differ only in their tables, indices and offsets."""
+    spec = match.spec
+    first = spec["group"][0]
+    block_d = min(int(config.get("BLOCK_D", 128)), pow2(spec["D"]))
+    block_l = min(int(config.get("BLOCK_L", 16)), pow2(spec.get("L", 1 << 20)))
+    init, finish = _finish(first)
+    body = _BOUNDS["offsets"][:1] + [_FROM_ZERO] * bool(first.get("from_zero")) + _BOUNDS["offsets"][1:] + init
+    body += ["for j in range(start, end, BLOCK_L):"] + ["    " + ln for ln in _loop(first, True)] + finish
+    body.append(f"tl.store(out0_ptr + bag * D + d, r.to({TL_DTYPES[dtype(match.outputs[0])]}), mask=dmask)")
+    n = len(spec["group"])
+    params = [", ".join(f"{p}{t}" for p in ("src", "idx", "bnd", "nb", "out", "N", "S", "sv", "sd")) for t in range(n)]
+    branches = []
+    for t in range(n):
+        branches += [f"{'if' if t == 0 else 'elif'} t == {t}:", f"    if bag < S{t}:",
+                     f"        {name}_one(src{t}, idx{t}, bnd{t}, nb{t}, out{t}, N{t}, D, sv{t}, sd{t}, bag, d, dmask,",
+                     "                   BLOCK_L, BLOCK_D, EVEN_D)"]
+    roles = [g["roles"] for g in spec["group"]]
+    return (_ONE.format(name=name, body="\n".join("    " + b for b in body))
+            + _GROUP_KERNEL.format(name=name, params=",\n        ".join(params), branches="\n".join("    " + b for b in branches))
+            + _GROUP_LAUNCHER.format(
+                name=name, tables=[r["table"] for r in roles], idx=[r["idx"] for r in roles],
+                offsets=[r["offsets"] for r in roles], include_last=int(bool(first.get("include_last"))),
+                dtype=dtype(match.outputs[0]), n=n, BLOCK_D=block_d, BLOCK_L=block_l,
+                num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1))))

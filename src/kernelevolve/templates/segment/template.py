@@ -95,6 +95,57 @@ def _sides(match: Match, core: set[fx.Node], tile: tuple[int, ...], axes: tuple[
     return sides
 
 
+# what differs between bags that one kernel pools together: their own inputs, names and bag counts
+_OWN = ("roles", "pooled", "S", "tile")
+
+
+def _group_key(match: Match) -> str | None:
+    """Bags that one kernel can pool together share this key: embedding bags by offsets, each with nothing fused
+    after it, whose tables have one width and dtype. None for a match that pools alone."""
+    spec = match.spec
+    if (spec.get("bags") != "offsets" or "table" not in spec["roles"] or "psw" in spec["roles"] or spec["epilogue"]
+            or spec["sides"] or spec["counts"] or spec.get("padding_idx") is not None or len(spec["tile"]) != 2):
+        return None
+    table = match.inputs[spec["roles"]["table"]]
+    return repr(sorted((k, v) for k, v in spec.items() if k not in _OWN)) + f"{dtype(table)}{dtype(match.outputs[0])}"
+
+
+def grouped(matches: list[Match]) -> list[Match]:
+    """Matches with the same group key (two or more) as one match, rendered as one launch, where their nodes together
+    are convex (no bag feeds another); the rest as they were. The first of a group stands where the group's bags were
+    in the list."""
+    keys = [_group_key(m) for m in matches]
+    out: list[Match] = []
+    done: set[int] = set()
+    for i, m in enumerate(matches):
+        if i in done:
+            continue
+        members = [j for j in range(i, len(matches)) if keys[j] is not None and keys[j] == keys[i]]
+        group = _group(matches[j] for j in members) if len(members) > 1 else None
+        if group is None:
+            out.append(m)
+            continue
+        out.append(group)
+        done |= set(members)
+    return out
+
+
+def _group(members: Any) -> Match | None:
+    members = list(members)
+    match = make_match(FAMILY, [n for m in members for n in m.nodes], kind="segment_reduction")
+    if match is None:
+        return None
+    pooled = [m.outputs[0] for m in members]
+    if set(match.outputs) != set(pooled):
+        return None
+    match.outputs = pooled
+    specs = [dict(m.spec, roles={k: match.inputs.index(m.inputs[v]) for k, v in m.spec["roles"].items()})
+             for m in members]
+    match.spec = dict({k: v for k, v in members[0].spec.items() if k not in _OWN}, group=specs,
+                      S=max(m.spec["S"] for m in members))
+    return match
+
+
 class SegmentTemplate:
     """Embedding bags and segment reductions; see the package docstring."""
 
@@ -109,7 +160,7 @@ class SegmentTemplate:
                     return match
             return None
 
-        return claim_each(graph, taken, claim)
+        return grouped(claim_each(graph, taken, claim))
 
     def _claim(self, node: fx.Node, gm: fx.GraphModule, used: set[fx.Node], offsets: bool,
                counts: bool) -> Match | None:
