@@ -204,6 +204,37 @@ def get_init_inputs():
 '''
 
 
+# ops the normal form writes in place of others (an einsum that sums), in a submodule and in the root
+REWRITTEN = '''
+import torch
+import torch.nn as nn
+
+
+class Inner(nn.Module):
+    def forward(self, h):
+        return torch.einsum("ij->j", h.relu())
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.inner = Inner()
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x))
+        return self.inner(h) + torch.einsum("ij->j", h)
+
+
+def get_inputs():
+    return [torch.randn(8, 16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
 def _module_calls(graph) -> dict[tuple[str, int], list[str]]:
     out: dict[tuple[str, int], list[str]] = {}
     for n in graph.calls():
@@ -231,6 +262,26 @@ def test_each_module_calls_ops_are_scaled_to_that_calls_own_time(tmp_path: Path)
     del own[("norm", 1)]
     kept = calibrate(graph, per_node, own)
     assert all(kept[n] == per_node[n] for n in calls[("norm", 1)])
+
+
+def test_ops_the_normal_form_writes_keep_their_module_call(tmp_path: Path) -> None:
+    """A rewritten op is its module call's, not the root's: scaled, the ops add up to the module calls' own times."""
+    from kernelevolve.model.profile import calibrate
+
+    _, graph = _model(tmp_path, REWRITTEN)
+    calls = _module_calls(graph)
+    assert ("", 0) not in calls and ("inner", 1) in calls, calls
+    own = {key: 10.0 * (k + 1) for k, key in enumerate(sorted(calls))}
+    scaled = calibrate(graph, {n.name: 1.0 for n in graph.calls()}, own)
+    assert sum(scaled.values()) == pytest.approx(sum(own.values()))
+
+
+def test_a_graph_captured_without_origins_is_not_scaled(tmp_path: Path) -> None:
+    path = tmp_path / "model.py"
+    path.write_text(TWICE)
+    graph = capture(load_problem(path))
+    times = op_times(graph, "cpu", runs=2, warmup=1)
+    assert graph.model is None and times.model_ms is None and times.total_ms == times.graph_ms
 
 
 def test_the_models_own_forward_times_every_module_call_of_the_graph(tmp_path: Path) -> None:

@@ -159,6 +159,17 @@ def test_bags_of_one_kind_are_pooled_in_one_launch(tmp_path):
     assert source.count("seg0_kernel[") == 1 and "tl.program_id(2)" in source
 
 
+def test_a_bag_whose_table_is_another_bags_output_pools_after_it(tmp_path):
+    g = make(tmp_path, "chained", "idx, off, idx2, off2",
+             "a = F.embedding_bag(idx, self.w, off, mode='sum')\nreturn a, F.embedding_bag(idx2, a, off2, mode='sum')",
+             f"{IDX}, {OFFSETS}, torch.randint(0, 6, (9,)), torch.tensor([0, 2, 2, 5])")
+    matches = SegmentTemplate().find(g, set())
+    assert len(matches) == 2 and not any("group" in m.spec for m in matches)
+    values = node_values(g)
+    for m in matches:
+        check(run(m, {}, [values[n] for n in m.inputs]), [values[n] for n in m.outputs])
+
+
 @pytest.mark.parametrize("name", list(NEGATIVE))
 def test_ignores_other_graphs(tmp_path, name):
     g = make(tmp_path, name, *NEGATIVE[name])

@@ -427,7 +427,8 @@ class _NormalForm(fx.Interpreter):
         how = _rewrite(n)
         if how is None:
             return super().run_node(n)
-        return how(self.env)
+        with self._set_current_node(n):  # the ops it writes carry the node's metadata (its module call) too
+            return how(self.env)
 
 
 def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_seed: int | None = None,
@@ -469,9 +470,10 @@ def capture(problem: Problem, shape_index: int = 0, init_seed: int = 0, input_se
         _drop_dead(gm)
         input_meta = [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in args]
         state = [dict(model.named_parameters(), **dict(model.named_buffers()))[n].detach() for n in names]
+        own = model if origins else None  # a profile scales the ops to their module calls, which origins name
         if inputs is None:
-            return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state], draw=draw, model=model)
-        return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state, *inputs], model=model)
+            return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state], draw=draw, model=own)
+        return CapturedGraph(gm, names, len(args), input_meta, "cpu", mode, [state, *inputs], model=own)
     raise CaptureError("; ".join(errors), where)
 
 

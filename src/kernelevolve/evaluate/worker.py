@@ -265,7 +265,8 @@ class Session:
             if cmd["cmd"] == "done":
                 return
             getattr(self, f"cmd_{cmd['cmd']}")(cmd)
-            self._trim_cache()
+            if cmd["cmd"] in ("trial", "recall", "ghost"):  # not after timing: the next round starts warm
+                self._trim_cache()
 
     def _trim_cache(self) -> None:
         """Hand the device memory this process freed (a call's temporaries, the mutation check's copy, the last

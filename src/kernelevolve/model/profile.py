@@ -126,6 +126,7 @@ def module_times(model: nn.Module, names: list[str], args: list[Any], activities
     state = dict(zip(names, args[0]))
     cuda = any(getattr(a, "is_cuda", False) for a in [*args[0], *args[1:]])
     samples: dict[tuple[str, int], list[float]] = {}
+    wholes: list[float] = []
     try:
         with torch.no_grad():
             for i in range(warmup + runs):
@@ -142,15 +143,17 @@ def module_times(model: nn.Module, names: list[str], args: list[Any], activities
                 keys = list(parent)
                 total = {keys[int(name[len(_MODULE):])]: ms for name, ms in _ranges(prof.events(), cuda).items()
                          if name.startswith(_MODULE) and int(name[len(_MODULE):]) < len(keys)}
+                run_total = 0.0
                 for key in keys:
                     inner = sum(total.get(k, 0.0) for k in keys if parent[k] == key)
-                    samples.setdefault(key, []).append(max(total.get(key, 0.0) - inner, 0.0))
+                    own = max(total.get(key, 0.0) - inner, 0.0)
+                    samples.setdefault(key, []).append(own)
+                    run_total += own
+                wholes.append(run_total)
     finally:
         for h in handles:
             h.remove()
-    own = {k: statistics.median(v) for k, v in samples.items()}
-    whole = statistics.median([sum(v[i] for v in samples.values() if i < len(v)) for i in range(runs)])
-    return own, whole
+    return {k: statistics.median(v) for k, v in samples.items()}, statistics.median(wholes)
 
 
 _MODULE = "module:"
@@ -164,11 +167,10 @@ def calibrate(graph: CapturedGraph, per_node: dict[str, float],
     by_call: dict[tuple[str, int], list[str]] = {}
     for n in graph.calls():
         custom = n.meta.get("custom") or {}
-        by_call.setdefault((custom.get("module", ""), int(custom.get("call", 0) or 0)), []).append(n.name)
+        key = (custom.get("module", ""), int(custom.get("call", 0) or 0))
+        by_call.setdefault(_ROOT if key == ("", 0) else key, []).append(n.name)  # outside every hook: the root's
     out = dict(per_node)
     for key, names in by_call.items():
-        if key == ("", 0):
-            key = _ROOT  # nodes traced outside every hook: the root's own ops
         mine = sum(per_node.get(n, 0.0) for n in names)
         if key not in own or mine <= 0:
             continue

@@ -192,8 +192,10 @@ def {name}_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, strid
 {body}
 '''
 
+# the sizes of each table's indices, offsets and bags change from draw to draw (jagged totals): specialized as
+# Triton specializes integers (1, multiples of 16), each draw could compile the kernel anew
 _GROUP_KERNEL = '''
-@triton.jit
+@triton.jit(do_not_specialize={sizes})
 def {name}_kernel(
         {params},
         D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
@@ -241,7 +243,8 @@ def render_group(match: Match, config: dict[str, Any], name: str) -> str:
                      "                   BLOCK_L, BLOCK_D, EVEN_D)"]
     roles = [g["roles"] for g in spec["group"]]
     return (_ONE.format(name=name, body="\n".join("    " + b for b in body))
-            + _GROUP_KERNEL.format(name=name, params=",\n        ".join(params), branches="\n".join("    " + b for b in branches))
+            + _GROUP_KERNEL.format(name=name, params=",\n        ".join(params),
+                                   sizes=[f"{p}{t}" for t in range(n) for p in ("nb", "N", "S")], branches="\n".join("    " + b for b in branches))
             + _GROUP_LAUNCHER.format(
                 name=name, tables=[r["table"] for r in roles], idx=[r["idx"] for r in roles],
                 offsets=[r["offsets"] for r in roles], include_last=int(bool(first.get("include_last"))),

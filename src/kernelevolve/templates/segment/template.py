@@ -136,8 +136,9 @@ def _group(members: Any) -> Match | None:
     if match is None:
         return None
     pooled = [m.outputs[0] for m in members]
-    if set(match.outputs) != set(pooled):
-        return None
+    if set(match.outputs) != set(pooled) or any(m.inputs[v] not in match.inputs for m in members
+                                                for v in m.spec["roles"].values()):
+        return None  # a bag that reads another's pooled rows (as its table, say) pools after it, not beside it
     match.outputs = pooled
     specs = [dict(m.spec, roles={k: match.inputs.index(m.inputs[v]) for k, v in m.spec["roles"].items()})
              for m in members]

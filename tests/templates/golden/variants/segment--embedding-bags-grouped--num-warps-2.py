@@ -61,7 +61,7 @@ def k0_segment_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, s
     r = tl.where(n == 0, 0.0, r)
     tl.store(out0_ptr + bag * D + d, r.to(tl.float32), mask=dmask)
 
-@triton.jit
+@triton.jit(do_not_specialize=['nb0', 'N0', 'S0', 'nb1', 'N1', 'S1', 'nb2', 'N2', 'S2'])
 def k0_segment_kernel(
         src0, idx0, bnd0, nb0, out0, N0, S0, sv0, sd0,
         src1, idx1, bnd1, nb1, out1, N1, S1, sv1, sd1,
