@@ -130,65 +130,58 @@ def get_init_inputs():
 '''
 
 
-def test_bags_alone_are_one_region_and_compose_on_fresh_draws(tmp_path: Path) -> None:
-    """Three bags with nothing after them are one region (one launch); its problem file, standing in for its kernel,
-    composes into the model and computes each table with its own ids on draws of other totals."""
+def _composed_on_fresh_draws(tmp_path: Path, path: Path, plan, groups: list, watch: str | None = None) -> int:
+    """Each segment problem's own file as its kernel, composed into the model at every instance: its outputs equal
+    the model's on two fresh draws (of other jagged totals). Returns how often ``watch``'s region function ran."""
     from kernelevolve.model.compose import Chosen, compose
     from kernelevolve.problem import build_model, import_module_from_path
 
-    source = TABLES.replace("torch.tanh(self.a(ia, oa)), torch.tanh(self.b(ib, ob)), torch.tanh(self.c(ic, oc))",
-                            "self.a(ia, oa), self.b(ib, ob), self.c(ic, oc)")
-    path = tmp_path / "bags.py"
-    path.write_text(source)
-    plan = plan_model(path, "cpu", tmp_path / "out")
-    (group,) = [g for g in plan.groups if g.kind == "segment"]
-    assert len(group.regions) == 1 and len(group.regions[0].outputs) == 3
-    chosen = [Chosen(group.name, group.regions, group.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n",
-                     "own")]
-    text, skipped = compose(source, plan.graph, chosen, "bags", plan.dynamic, plan.alt)
+    source = path.read_text()
+    chosen = [Chosen(g.name, g.regions, g.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n", "own")
+              for g in groups]
+    text, skipped = compose(source, plan.graph, chosen, path.stem, plan.dynamic, plan.alt)
     assert not skipped
     (tmp_path / "best.py").write_text(text)
-    ref_mod, new_mod = import_module_from_path(path, "_bags_ref"), import_module_from_path(tmp_path / "best.py",
-                                                                                          "_bags_new")
+    ref_mod = import_module_from_path(path, f"_{path.stem}_ref")
+    new_mod = import_module_from_path(tmp_path / "best.py", f"_{path.stem}_new")
     ref, new = build_model(ref_mod, "Model", 1), build_model(new_mod, "ModelNew", 1)
     new.load_state_dict(ref.state_dict())
-    fn = f"_ke_{group.regions[0].name}"
-    calls, region = [], getattr(new_mod, fn)
-    setattr(new_mod, fn, lambda *a: calls.append(1) or region(*a))
+    calls = []
+    if watch is not None:
+        region = getattr(new_mod, f"_ke_{watch}")
+        setattr(new_mod, f"_ke_{watch}", lambda *a: calls.append(1) or region(*a))
     for seed in (4, 5):
         torch.manual_seed(seed)
         xs = ref_mod.get_inputs()
         with torch.no_grad():
             torch.testing.assert_close(new(*xs), ref(*xs))
-    assert len(calls) == 2  # the region ran at each draw, not the model's own forward
+    return len(calls)
+
+
+def test_bags_alone_are_one_region_and_compose_on_fresh_draws(tmp_path: Path) -> None:
+    """Three bags with nothing after them are one region (one launch); its problem file, standing in for its kernel,
+    composes into the model and computes each table with its own ids on draws of other totals."""
+    path = tmp_path / "bags.py"
+    path.write_text(TABLES.replace(
+        "torch.tanh(self.a(ia, oa)), torch.tanh(self.b(ib, ob)), torch.tanh(self.c(ic, oc))",
+        "self.a(ia, oa), self.b(ib, ob), self.c(ic, oc)"))
+    plan = plan_model(path, "cpu", tmp_path / "out")
+    (group,) = [g for g in plan.groups if g.kind == "segment"]
+    assert len(group.regions) == 1 and len(group.regions[0].outputs) == 3
+    calls = _composed_on_fresh_draws(tmp_path, path, plan, [group], watch=group.regions[0].name)
+    assert calls == 2  # the region ran at each draw, not the model's own forward
 
 
 def test_tables_alike_but_for_their_jagged_totals_are_one_problem(tmp_path: Path) -> None:
     """Each table gets its own number of ids in a draw: the sizes that change by draw do not split a problem, the
     tables' own sizes do."""
-    from kernelevolve.model.compose import Chosen, compose
-    from kernelevolve.problem import build_model, import_module_from_path
-
     path = tmp_path / "tables.py"
     path.write_text(TABLES)
     plan = plan_model(path, "cpu", tmp_path / "out")
     segments = sorted(len(g.regions) for g in plan.groups if g.kind == "segment")
     assert segments == [1, 2], [(g.name, g.kind, len(g.regions)) for g in plan.groups]
     # the shared problem's kernel, at both tables, computes each with its own ids on fresh draws
-    chosen = [Chosen(g.name, g.regions, g.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n", "own")
-              for g in plan.groups if g.kind == "segment"]
-    text, skipped = compose(TABLES, plan.graph, chosen, "tables", plan.dynamic, plan.alt)
-    assert not skipped
-    (tmp_path / "best.py").write_text(text)
-    ref_mod, new_mod = import_module_from_path(path, "_tables_ref"), import_module_from_path(tmp_path / "best.py",
-                                                                                              "_tables_new")
-    ref, new = build_model(ref_mod, "Model", 1), build_model(new_mod, "ModelNew", 1)
-    new.load_state_dict(ref.state_dict())
-    for seed in (4, 5):
-        torch.manual_seed(seed)
-        xs = ref_mod.get_inputs()
-        with torch.no_grad():
-            torch.testing.assert_close(new(*xs), ref(*xs))
+    _composed_on_fresh_draws(tmp_path, path, plan, [g for g in plan.groups if g.kind == "segment"])
 
 
 def test_runs_stop_starting_when_the_models_budget_is_spent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -144,13 +144,28 @@ def _prep(spec: dict, gather: bool) -> tuple[list[str], list[str]]:
     return lines, args
 
 
+def _blocks(spec: dict, config: dict[str, Any]) -> tuple[int, int]:
+    """BLOCK_D and BLOCK_L of ``config``, each no larger than the power of two its extent needs."""
+    return (min(int(config.get("BLOCK_D", 128)), pow2(spec["D"])),
+            min(int(config.get("BLOCK_L", 16)), pow2(spec.get("L", 1 << 20))))
+
+
+def _pool(spec: dict, gather: bool) -> list[str]:
+    """The statements that pool one bag for one block of D into ``r`` (and its count into ``n``)."""
+    init, finish = _finish(spec)
+    body = [line.format(L=spec.get("L")) for line in _BOUNDS[spec["bags"]]]
+    body = body[:1] + [_FROM_ZERO] * bool(spec.get("from_zero")) + body[1:] + init
+    if spec.get("padding_idx") is not None:
+        body.append("cnt = tl.zeros([BLOCK_L], tl.int32)")
+    return body + ["for j in range(start, end, BLOCK_L):"] + ["    " + ln for ln in _loop(spec, gather)] + finish
+
+
 def render_segment(match: Match, config: dict[str, Any], name: str) -> str:
     spec = match.spec
     if "group" in spec:
         return render_group(match, config, name)
     gather = "table" in spec["roles"]
-    block_d = min(int(config.get("BLOCK_D", 128)), pow2(spec["D"]))
-    block_l = min(int(config.get("BLOCK_L", 16)), pow2(spec.get("L", 1 << 20)))
+    block_d, block_l = _blocks(spec, config)
     params = ["src_ptr"] + (["idx_ptr"] if gather else []) + _BOUND_PARAMS[spec["bags"]]
     params += ["psw_ptr"] if "psw" in spec["roles"] else []
     prep, args = _prep(spec, gather)
@@ -162,12 +177,7 @@ def render_segment(match: Match, config: dict[str, Any], name: str) -> str:
                 params.append(f"x{k}_{tag}")
                 args.append(f"inputs[{k}].stride({dim})")
     outs = [f"out{i}_ptr" for i in range(len(match.outputs))]
-    init, finish = _finish(spec)
-    body = [line.format(L=spec.get("L")) for line in _BOUNDS[spec["bags"]]]
-    body = body[:1] + [_FROM_ZERO] * bool(spec.get("from_zero")) + body[1:] + init
-    if spec.get("padding_idx") is not None:
-        body.append("cnt = tl.zeros([BLOCK_L], tl.int32)")
-    body += ["for j in range(start, end, BLOCK_L):"] + ["    " + ln for ln in _loop(spec, gather)] + finish
+    body = _pool(spec, gather)
     values = _epilogue(match, body)
     for i, (v, o) in enumerate(zip(values, match.outputs)):
         body.append(f"tl.store(out{i}_ptr + bag * D + d, {v}.to({TL_DTYPES[dtype(o)]}), mask=dmask)")
@@ -228,11 +238,8 @@ def render_group(match: Match, config: dict[str, Any], name: str) -> str:
     which differ only in their tables, indices and offsets."""
     spec = match.spec
     first = spec["group"][0]
-    block_d = min(int(config.get("BLOCK_D", 128)), pow2(spec["D"]))
-    block_l = min(int(config.get("BLOCK_L", 16)), pow2(spec.get("L", 1 << 20)))
-    init, finish = _finish(first)
-    body = _BOUNDS["offsets"][:1] + [_FROM_ZERO] * bool(first.get("from_zero")) + _BOUNDS["offsets"][1:] + init
-    body += ["for j in range(start, end, BLOCK_L):"] + ["    " + ln for ln in _loop(first, True)] + finish
+    block_d, block_l = _blocks(spec, config)
+    body = _pool(first, True)
     body.append(f"tl.store(out0_ptr + bag * D + d, r.to({TL_DTYPES[dtype(match.outputs[0])]}), mask=dmask)")
     n = len(spec["group"])
     params = [", ".join(f"{p}{t}" for p in ("src", "idx", "bnd", "nb", "out", "N", "S", "sv", "sd")) for t in range(n)]
