@@ -130,7 +130,8 @@ def get_init_inputs():
 '''
 
 
-def _composed_on_fresh_draws(tmp_path: Path, path: Path, plan, groups: list, watch: str | None = None) -> int:
+def _composed_on_fresh_draws(tmp_path: Path, path: Path, plan, groups: list, watch: str | None = None,
+                             host: str = "eager") -> int:
     """Each segment problem's own file as its kernel, composed into the model at every instance: its outputs equal
     the model's on two fresh draws (of other jagged totals). Returns how often ``watch``'s region function ran."""
     from kernelevolve.model.compose import Chosen, compose
@@ -139,7 +140,7 @@ def _composed_on_fresh_draws(tmp_path: Path, path: Path, plan, groups: list, wat
     source = path.read_text()
     chosen = [Chosen(g.name, g.regions, g.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n", "own")
               for g in groups]
-    text, skipped = compose(source, plan.graph, chosen, path.stem, plan.dynamic, plan.alt)
+    text, skipped = compose(source, plan.graph, chosen, path.stem, plan.dynamic, plan.alt, host=host)
     assert not skipped
     (tmp_path / "best.py").write_text(text)
     ref_mod = import_module_from_path(path, f"_{path.stem}_ref")
@@ -158,9 +159,10 @@ def _composed_on_fresh_draws(tmp_path: Path, path: Path, plan, groups: list, wat
     return len(calls)
 
 
-def test_bags_alone_are_one_region_and_compose_on_fresh_draws(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", ["eager", "compile"])
+def test_bags_alone_are_one_region_and_compose_on_fresh_draws(tmp_path: Path, host: str) -> None:
     """Three bags with nothing after them are one region (one launch); its problem file, standing in for its kernel,
-    composes into the model and computes each table with its own ids on draws of other totals."""
+    composes into the model in either host and computes each table with its own ids on draws of other totals."""
     path = tmp_path / "bags.py"
     path.write_text(TABLES.replace(
         "torch.tanh(self.a(ia, oa)), torch.tanh(self.b(ib, ob)), torch.tanh(self.c(ic, oc))",
@@ -168,7 +170,7 @@ def test_bags_alone_are_one_region_and_compose_on_fresh_draws(tmp_path: Path) ->
     plan = plan_model(path, "cpu", tmp_path / "out")
     (group,) = [g for g in plan.groups if g.kind == "segment"]
     assert len(group.regions) == 1 and len(group.regions[0].outputs) == 3
-    calls = _composed_on_fresh_draws(tmp_path, path, plan, [group], watch=group.regions[0].name)
+    calls = _composed_on_fresh_draws(tmp_path, path, plan, [group], watch=group.regions[0].name, host=host)
     assert calls == 2  # the region ran at each draw, not the model's own forward
 
 
