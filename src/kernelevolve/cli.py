@@ -135,7 +135,8 @@ def cmd_optimize_model(args: argparse.Namespace) -> int:
         try:
             outcome = optimize_model(args.problem, cfg, Store(args.db), Path(args.out), budget, args.min_share,
                                      on_stage=on_stage, on_plan=lambda plan: _print_model_plan(console, plan),
-                                     hosts=hosts, resume=args.resume)
+                                     hosts=hosts, resume=args.resume,
+                                     region_head_to_head=args.region_head_to_head)
         except ModelError as e:
             raise UsageError(str(e)) from e
     for r in outcome.regions:
@@ -904,6 +905,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how best_model.py runs the kernels: eager (the generated forward as it stands), compile "
                         "(under torch.compile, each kernel an opaque custom op), or both, each judged and the faster "
                         "kept (default: both on a GPU, eager on the CPU)")
+    m.add_argument("--region-head-to-head", action="store_true",
+                   help="each region's run also holds its own head-to-head against the region's baselines (by "
+                        "default only the whole model's is held: it decides which kernels stay, and a region's "
+                        "costs about as much as its search)")
     m.set_defaults(func=cmd_optimize_model)
 
     c = sub.add_parser("check", help="verify and time one candidate file", epilog=CHECK_EXIT_CODES)

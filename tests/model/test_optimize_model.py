@@ -17,7 +17,7 @@ from tests.model.test_regions import BLOCKS
 def _own_code_as_kernels(monkeypatch: pytest.MonkeyPatch, broken: str | None = None) -> None:
     """Each problem 'answers' with its own reference as a kernel (one of them broken, if asked: a per-column shift,
     which a layer norm after it would not hide), as a run would."""
-    def fake(plan, cfg, store, on_stage=lambda s: None, resume=False, deadline=None):
+    def fake(plan, cfg, store, on_stage=lambda s: None, resume=False, deadline=None, head_to_head=False):
         out = []
         for g in plan.groups:
             best = plan.out_dir / g.name / "best.py"
@@ -314,7 +314,7 @@ def test_a_model_run_resumes(tmp_path: Path) -> None:
 
 
 def _no_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fake(plan, cfg, store, on_stage=lambda s: None, resume=False, deadline=None):
+    def fake(plan, cfg, store, on_stage=lambda s: None, resume=False, deadline=None, head_to_head=False):
         return [RegionOutcome(g.name, 1, None, None, "the reference itself", "eager") for g in plan.groups]
     monkeypatch.setattr(run_mod, "optimize_regions", fake)
 

@@ -224,3 +224,29 @@ def test_a_run_inside_a_model_reads_no_counters() -> None:
 
     cfg = region_config(OptimizeConfig(device="cuda", counters=True), 42.0)
     assert cfg.time_budget_s == 42.0 and not cfg.counters
+
+
+def test_a_run_inside_a_model_holds_a_head_to_head_only_when_asked() -> None:
+    """The whole model's head-to-head decides which kernels stay; a region's own is held with
+    --region-head-to-head, and never where the model's run holds none."""
+    from kernelevolve.model.plan import region_config
+    from kernelevolve.optimize import OptimizeConfig
+
+    on, off = OptimizeConfig(device="cuda"), OptimizeConfig(device="cuda", head_to_head=False)
+    assert on.head_to_head and not region_config(on, 42.0).head_to_head
+    assert region_config(on, 42.0, head_to_head=True).head_to_head
+    assert not region_config(off, 42.0, head_to_head=True).head_to_head
+
+
+def test_a_region_run_without_a_head_to_head_answers_by_its_best_timed_baseline() -> None:
+    """With no head-to-head, a region's speedup is the judge's against the faster of its baselines: the smaller of
+    its eager and torch.compile figures; a run whose best.py is the reference answers nothing."""
+    from types import SimpleNamespace
+
+    from kernelevolve.model.lanes import _fields
+
+    result = SimpleNamespace(speedup_eager=1.8, speedup_compile=1.2)
+    f = _fields(3, None, None, result, "fastest timed candidate")
+    assert f["answer"] == "candidate" and f["speedup"] == pytest.approx(1.2)
+    assert _fields(3, None, None, SimpleNamespace(speedup_eager=1.5, speedup_compile=None), "x")["speedup"] == 1.5
+    assert _fields(3, None, None, result, "best.py is the reference itself")["answer"] == ""

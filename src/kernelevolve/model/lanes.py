@@ -52,8 +52,9 @@ def _fields(run_id: int, best: Path | None, h: Any, best_result: Any, why: str) 
     if h is not None and h.answer:
         speedup, answer = h.speedup.get(h.best_baseline), h.answer
     elif best_result is not None and "the reference itself" not in why:
-        answer = "candidate"  # no head-to-head held: the judge's verdict stands
-        speedup = best_result.speedup_eager
+        answer = "candidate"  # no head-to-head held: the judge's verdict stands, against the baselines it timed
+        timed = [x for x in (best_result.speedup_eager, best_result.speedup_compile) if x]
+        speedup = min(timed) if timed else None
     return {"run_id": run_id, "best": str(best) if best else None, "speedup": speedup, "why": why, "answer": answer}
 
 

@@ -155,26 +155,30 @@ class RegionOutcome:
     wall_s: float | None = None  # its run's whole time
 
 
-def region_config(cfg: Any, budget_s: float) -> Any:
-    """A problem's run inside a model: its share of the budget, and no hardware counters (two ncu passes a problem
-    that the model's answer does not use; run a problem file alone with ``kernelevolve optimize`` for them)."""
-    return replace(cfg, time_budget_s=budget_s, counters=False)
+def region_config(cfg: Any, budget_s: float, head_to_head: bool = False) -> Any:
+    """A problem's run inside a model: its share of the budget, no hardware counters (two ncu passes a problem that
+    the model's answer does not use; run a problem file alone with ``kernelevolve optimize`` for them) and, unless
+    ``head_to_head``, no head-to-head of its own: the judge's verdict picks the region's kernel, and the whole
+    model's head-to-head decides whether it stays (a region's head-to-head costs about as much as its search)."""
+    return replace(cfg, time_budget_s=budget_s, counters=False, head_to_head=head_to_head and cfg.head_to_head)
 
 
 def optimize_regions(plan: ModelPlan, cfg: Any, store: Any, on_stage: Callable[[str], None] = lambda s: None,
-                     resume: bool = False, deadline: float | None = None) -> list[RegionOutcome]:
+                     resume: bool = False, deadline: float | None = None,
+                     head_to_head: bool = False) -> list[RegionOutcome]:
     """The operator loop on every problem with a budget, largest first; in parallel over the local GPUs or a Ray
     cluster where there are several (lanes.py). With a ``deadline`` (a time.monotonic() time: the end of the
-    model's budget), each run's budget is shared again from what is left as it starts (budget.Pacer)."""
+    model's budget), each run's budget is shared again from what is left as it starts (budget.Pacer).
+    ``head_to_head``: each run also holds its own head-to-head (region_config)."""
     from kernelevolve.model.lanes import run_all
 
     ran = [g for g in plan.groups if g.share is not None and g.share.budget_s > 0]
-    jobs = [(g.name, g.path, region_config(cfg, g.share.budget_s), plan.out_dir / g.name) for g in ran]
+    jobs = [(g.name, g.path, region_config(cfg, g.share.budget_s, head_to_head), plan.out_dir / g.name) for g in ran]
     labels = {g.name: f"{g.name} ({g.kind} at {g.regions[0].where})" for g in plan.groups}
     pacer = None
     if deadline is not None:
         pacer = Pacer([Claim(g.name, g.ms, g.floor_ms) for g in ran], plan.times.total_ms, deadline,
-                      run_overhead_s(cfg.device, cfg.head_to_head))
+                      run_overhead_s(cfg.device, head_to_head and cfg.head_to_head))
     done = run_all(jobs, cfg, store, on_stage, labels, resume, pacer)
     out = []
     for g in plan.groups:

@@ -53,12 +53,14 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
                    min_share: float = MIN_SHARE, rivals: tuple[str, ...] = MODEL_RIVALS,
                    on_stage: Callable[[str], None] = lambda s: None,
                    on_plan: Callable[[ModelPlan], None] = lambda p: None,
-                   hosts: tuple[str, ...] | None = None, resume: bool = False) -> ModelOutcome:
+                   hosts: tuple[str, ...] | None = None, resume: bool = False,
+                   region_head_to_head: bool = False) -> ModelOutcome:
     """Plan, optimize, compose and judge ``path``'s model; best_model.py and model_report.json go into ``out_dir``
     beside the problem files. ``hosts``: the compositions judged each round (compose.HOSTS; by default both on a
     GPU, eager on the CPU), the faster verified one going on to the head-to-head. A model that cannot be captured
     as one graph is optimized by its parts that can (parts.py). With ``resume``, problems whose runs finished
-    earlier in ``store`` keep their answers and stopped ones go on (lanes.run_all). Raises ProblemError for a bad file, ModelError for
+    earlier in ``store`` keep their answers and stopped ones go on (lanes.run_all). ``region_head_to_head``: each
+    problem's run holds a head-to-head of its own too (plan.region_config). Raises ProblemError for a bad file, ModelError for
     a model of which no part can be captured."""
     from kernelevolve.optimize import make_evaluator
 
@@ -71,17 +73,18 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     closing = min(closing_s(cfg.device, len(hosts), cfg.head_to_head), budget_s)
     try:
         plan = plan_model(path, cfg.device, out_dir, budget_s - closing, min_share, on_stage,
-                          run_overhead_s(cfg.device, cfg.head_to_head))
+                          run_overhead_s(cfg.device, region_head_to_head and cfg.head_to_head))
     except ModelError as e:  # not one graph: by its parts that are, where there are some
         from kernelevolve.model.parts import optimize_parts
 
         return optimize_parts(path, cfg, store, out_dir, budget_s, min_share, rivals, on_stage, hosts, e, resume,
-                              optimize_model)
+                              functools.partial(optimize_model, region_head_to_head=region_head_to_head))
     on_plan(plan)
     phases = {"plan_s": round(time.monotonic() - t0, 1)}
     if closing:
         on_stage(f"{closing:.0f} s of the {budget_s:.0f} s budget kept for judging the whole model")
-    outcomes = optimize_regions(plan, cfg, store, on_stage, resume=resume, deadline=t0 + budget_s - closing)
+    outcomes = optimize_regions(plan, cfg, store, on_stage, resume=resume, deadline=t0 + budget_s - closing,
+                                head_to_head=region_head_to_head)
     phases["problems_s"] = round(time.monotonic() - t0 - phases["plan_s"], 1)
     chosen = _chosen(plan, outcomes)
     source = plan.problem.source
