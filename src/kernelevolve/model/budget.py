@@ -85,7 +85,7 @@ def allocate(claims: list[Claim], total_ms: float, budget_s: float, min_share: f
             why[c.name] = "left alone: already at its roofline floor"
         else:
             live.append(c)
-    beside = f", beside about {overhead_s:.0f} s a run spends on baselines and its head-to-head" if overhead_s else ""
+    beside = f", beside about {overhead_s:.0f} s a run spends beyond its search (baselines, loads)" if overhead_s else ""
     while live:
         budgets = _shares(live, budget_s - overhead_s * len(live))
         short = [c for c in live if budgets[c.name] < min_budget_s]
