@@ -163,6 +163,11 @@ def region_config(cfg: Any, budget_s: float, head_to_head: bool = False) -> Any:
     return replace(cfg, time_budget_s=budget_s, counters=False, head_to_head=head_to_head and cfg.head_to_head)
 
 
+def region_overhead_s(cfg: Any, head_to_head: bool = False) -> float:
+    """The first estimate of what a problem's run inside a model (region_config's) spends beyond its search."""
+    return run_overhead_s(cfg.device, region_config(cfg, 0.0, head_to_head).head_to_head)
+
+
 def optimize_regions(plan: ModelPlan, cfg: Any, store: Any, on_stage: Callable[[str], None] = lambda s: None,
                      resume: bool = False, deadline: float | None = None,
                      head_to_head: bool = False) -> list[RegionOutcome]:
@@ -178,7 +183,7 @@ def optimize_regions(plan: ModelPlan, cfg: Any, store: Any, on_stage: Callable[[
     pacer = None
     if deadline is not None:
         pacer = Pacer([Claim(g.name, g.ms, g.floor_ms) for g in ran], plan.times.total_ms, deadline,
-                      run_overhead_s(cfg.device, head_to_head and cfg.head_to_head))
+                      region_overhead_s(cfg, head_to_head))
     done = run_all(jobs, cfg, store, on_stage, labels, resume, pacer)
     out = []
     for g in plan.groups:

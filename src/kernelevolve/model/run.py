@@ -18,10 +18,11 @@ from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
 from kernelevolve.evaluate.headtohead import LABELS
-from kernelevolve.model.budget import closing_s, run_overhead_s
+from kernelevolve.model.budget import closing_s
 from kernelevolve.model.compose import HOSTS, Chosen, compose
 from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line, settle_baselines
-from kernelevolve.model.plan import MIN_SHARE, ModelError, ModelPlan, RegionOutcome, optimize_regions, plan_model
+from kernelevolve.model.plan import (MIN_SHARE, ModelError, ModelPlan, RegionOutcome, optimize_regions, plan_model,
+                                     region_overhead_s)
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     closing = min(closing_s(cfg.device, len(hosts), cfg.head_to_head), budget_s)
     try:
         plan = plan_model(path, cfg.device, out_dir, budget_s - closing, min_share, on_stage,
-                          run_overhead_s(cfg.device, region_head_to_head and cfg.head_to_head))
+                          region_overhead_s(cfg, region_head_to_head))
     except ModelError as e:  # not one graph: by its parts that are, where there are some
         from kernelevolve.model.parts import optimize_parts
 
