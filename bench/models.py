@@ -22,6 +22,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -79,20 +80,34 @@ def run_model(path: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]
            "--proposer", args.proposer, "--timing-budget-ms", str(args.timing_budget_ms)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.monotonic()
-    # a session of its own, so that a run past --timeout goes with its screen and judge processes
+    # the run's output goes to run.log as it comes, each line with the seconds since the start, so that a run past
+    # --timeout still tells how far it got and where its time went; a session of its own, so that such a run goes
+    # with its screen and judge processes
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "run.log"
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
+
+    def copy() -> None:
+        with log_path.open("w") as log_file:
+            for line in proc.stdout or ():
+                log_file.write(f"{time.monotonic() - t0:7.1f}  {line}")
+                log_file.flush()
+
+    copier = threading.Thread(target=copy, daemon=True)
+    copier.start()
     try:
-        out_text, _ = proc.communicate(timeout=args.timeout)
-        code, tail = proc.returncode, out_text[-3000:]
+        code: int | None = proc.wait(timeout=args.timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        out_text, _ = proc.communicate()
-        code, tail = None, f"{out_text[-2000:]}\ntimed out after {args.timeout:.0f} s"
+        proc.wait()
+        code = None
+    copier.join(timeout=10)
+    tail = log_path.read_text(errors="replace")[-3000:]
+    if code is None:
+        tail += f"\ntimed out after {args.timeout:.0f} s"
     row: dict[str, Any] = {"exit": code, "wall_s": round(time.monotonic() - t0, 1)}
-    (out / "run.log").parent.mkdir(parents=True, exist_ok=True)
-    (out / "run.log").write_text(tail)
     report = out / "model_report.json"
     if not report.exists():
         return row | {"status": "failed", "why": tail.strip().splitlines()[-1][:300] if tail.strip() else ""}

@@ -91,6 +91,8 @@ def op_times(graph: CapturedGraph, device: str = "cpu", runs: int = 5, warmup: i
     return OpTimes(scaled, sum(scaled.values()), device, runs, graph_ms, own[1])
 
 
+# cycles of the spin before a profiled block on a GPU: about 25 ms at an H100's full clock
+SPIN_CYCLES = 50_000_000
 _ROOT = ("", 1)  # the model's own call: the root module's first call
 
 
@@ -182,14 +184,19 @@ def calibrate(graph: CapturedGraph, per_node: dict[str, float],
 
 @contextlib.contextmanager
 def _profiled(activities: list[Any]) -> Iterator[Any]:
-    """A profiler over the block, started and stopped quietly (the block itself keeps its stderr)."""
-    from torch.profiler import profile
+    """A profiler over the block, started and stopped quietly (the block itself keeps its stderr). On a GPU the
+    block starts behind a spin of the device, outside every range: an idle GPU drops its clock (an H100 to 345 MHz
+    from 1980), and the profiler's start leaves it idle long enough that the block's first kernels ran at up to
+    twice their time."""
+    from torch.profiler import ProfilerActivity, profile
 
     from kernelevolve.profile import quiet_stderr
 
     prof = profile(activities=activities)
     with quiet_stderr():
         prof.start()
+    if ProfilerActivity.CUDA in activities:
+        torch.cuda._sleep(SPIN_CYCLES)
     try:
         yield prof
     finally:
