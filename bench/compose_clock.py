@@ -1,0 +1,164 @@
+"""Where a composition's call goes: a bench model with its largest problems' default template kernels in, in both
+hosts, timed beside the model's own eager and torch.compile builds.
+
+    PYTHONPATH=src python3 bench/compose_clock.py --model dlrm --top 1 --json out/compose_clock.json
+
+For each build: the call's median by ``triton.testing.do_bench`` in five rounds (a drift between rounds shows), the
+host's time per call (a loop of calls with no wait, the device idle before it), the device time of one call by the
+profiler, the graphs torch.compile built, and for the compositions the ten functions a call spends most host time in
+(cProfile, own time). A call slower than its device time with a host time near the call is bound by the host.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.record import record, write  # noqa: E402
+
+MODELS = ROOT / "bench" / "models"
+
+
+def host_ms(fn: Callable[[], Any], cuda: bool, calls: int = 20) -> float:
+    """The host's time per call of ``fn`` with the device idle first and no wait between calls."""
+    import torch
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    ms = (time.perf_counter() - t0) * 1e3 / calls
+    sync()
+    return ms
+
+
+def device_ms(fn: Callable[[], Any], cuda: bool) -> float | None:
+    """The device time of one call by the profiler: its kernels' time, summed (None on the CPU)."""
+    import torch
+
+    if not cuda:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda._sleep(50_000_000)
+        torch.cuda.synchronize()
+        fn()
+        torch.cuda.synchronize()
+    spin = 0.0
+    total = 0.0
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        us = e.self_cuda_time_total if us is None else us
+        if "sleep" in e.key.lower() or "spin" in e.key.lower():
+            spin += us
+        total += us
+    return (total - spin) / 1e3
+
+
+def top_functions(fn: Callable[[], Any], calls: int = 20, n: int = 10) -> list[str]:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(n)
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(n)
+    return [line for line in s.getvalue().splitlines() if "(" in line or "ncalls" in line]
+
+
+def graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"].get("unique_graphs", 0))
+
+
+def measure(path: Path, top: int, work: Path, device: str) -> dict[str, Any]:
+    import torch
+
+    from bench.glue import call_ms
+
+    from kernelevolve.model.compose import Chosen, compose
+    from kernelevolve.model.plan import plan_model
+    from kernelevolve.problem import build_model, import_module_from_path, load_problem, make_inputs
+    from kernelevolve.propose.template import TemplateProposer
+
+    plan = plan_model(path, device, work / "plan")
+    proposer = TemplateProposer(device, seed=0)
+    chosen = []
+    for g in plan.groups:  # the largest first
+        tp = proposer.plan(load_problem(g.path, device))
+        if tp.regions and len(chosen) < top:
+            source = proposer.render(tp, {r.key: r.default() for r in tp.regions}, "default")
+            chosen.append(Chosen(g.name, g.regions, source, "template kernel"))
+    cuda = device == "cuda"
+    row: dict[str, Any] = {"model": path.stem, "chosen": [c.name for c in chosen], "builds": {}}
+    ref_mod = import_module_from_path(path, f"_clock_ref_{path.stem}")
+    model = build_model(ref_mod, "Model", 0).to(device)
+    draws = [make_inputs(ref_mod, s, device=device) for s in (1, 2, 3)]
+    builds: dict[str, Callable[..., Any]] = {"eager": model, "compile": torch.compile(model)}
+    for host in ("eager", "compile"):
+        text, skipped = compose(plan.problem.source, plan.graph, chosen, "clock", plan.dynamic, plan.alt, host)
+        f = work / f"composed_{host}.py"
+        f.write_text(text)
+        mod = import_module_from_path(f, f"_clock_{host}_{path.stem}")
+        new = build_model(mod, "ModelNew", 0).to(device)
+        new.load_state_dict(model.state_dict())
+        builds[f"composed_{host}"] = new
+        row[f"skipped_{host}"] = skipped
+    with torch.no_grad():
+        for name, fn in builds.items():
+            g0 = graphs()
+            for xs in draws:  # every draw once: the builds and recompiles happen here
+                fn(*xs)
+            g1 = graphs()
+            xs = draws[0]
+            call = lambda: fn(*xs)  # noqa: E731
+            rounds = [call_ms(call, device) for _ in range(5)]
+            b = {"do_bench_ms": statistics.median(rounds), "rounds_ms": rounds, "host_ms": host_ms(call, cuda),
+                 "device_ms": device_ms(call, cuda), "graphs_warm": g1 - g0, "graphs_timed": graphs() - g1}
+            if name.startswith("composed"):
+                b["top"] = top_functions(call)
+            row["builds"][name] = b
+            print(f"{path.stem} {name:18} do_bench {b['do_bench_ms']:.4f} ms  host {b['host_ms']:.4f} ms  "
+                  f"device {b['device_ms'] or 0:.4f} ms  graphs {b['graphs_warm']}+{b['graphs_timed']}  rounds "
+                  + " ".join(f"{r:.3f}" for r in rounds), flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="dlrm", help="a model of bench/models")
+    ap.add_argument("--top", type=int, default=1, help="how many of the largest problems get a kernel")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu for a smoke run (no device time)")
+    ap.add_argument("--small", action="store_true", help="the model's SMALL sizes (a CPU smoke run)")
+    ap.add_argument("--json", type=Path, required=True)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = MODELS / f"{args.model}.py"
+        if args.small:
+            from bench.models import small_copy
+
+            path = small_copy(path, Path(tmp))
+        row = measure(path, args.top, Path(tmp), args.device)
+    for name, b in row["builds"].items():
+        if "top" in b:
+            print(f"-- {name}: where a call's host time goes")
+            print("\n".join(b["top"]))
+    write(args.json, record("compose_clock.py", [row], device=args.device))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
