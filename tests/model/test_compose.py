@@ -106,6 +106,21 @@ def test_the_compile_host_keeps_the_kernels_opaque_and_computes_the_model(tmp_pa
     assert again._KE_TAG != import_module_from_path(tmp_path / "best_model.py", "_compose_new_third")._KE_TAG
 
 
+@pytest.mark.parametrize("host", ["eager", "compile"])
+def test_the_profile_of_a_composition_finds_its_kernels_in_either_host(tmp_path: Path, host: str) -> None:
+    """Each problem's kernel time in a composed file: torch.compile drops the profiler's ranges from what it traces,
+    so under the compile host the range goes around the region's instance, which runs inside its custom op."""
+    from kernelevolve.model.profile import WHOLE, composed_times
+
+    _check(tmp_path, BLOCKS, "reference", host=host)
+    plan = plan_model(tmp_path / "model.py", "cpu", tmp_path / "plan")
+    region_of = {f"_ke_{r.name}": g.name for g in plan.groups for r in g.regions}
+    times = composed_times(tmp_path / "best_model.py", region_of, "cpu", runs=2, warmup=1)
+    assert times[WHOLE] > 0
+    assert {g.name for g in plan.groups} <= set(times)
+    assert all(0 < times[g.name] < times[WHOLE] for g in plan.groups)
+
+
 def test_an_unknown_host_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="host"):
         compose("", None, [], "", host="jit")

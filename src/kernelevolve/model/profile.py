@@ -276,6 +276,13 @@ def composed_times(path: str | Path, region_of: dict[str, str], device: str = "c
 
     module = import_module_from_path(path, f"_kernelevolve_composed_{abs(hash(str(path)))}")
     for fn, name in region_of.items():
+        # the range goes around the instance's own call where the file has one (compose.py's ``_KE_<REGION>``): in
+        # the compile host the generated function is traced by torch.compile, which drops ranges, but the instance
+        # runs inside its custom op, as it does in the eager host
+        instance = getattr(module, fn.upper(), None)
+        if isinstance(instance, nn.Module):
+            instance.forward = _ranged(instance.forward, PREFIX + name)
+            continue
         original = getattr(module, fn, None)
         if callable(original):
             setattr(module, fn, _ranged(original, PREFIX + name))
