@@ -396,3 +396,21 @@ def test_a_composition_that_loses_is_profiled_beside_the_model(tmp_path: Path, m
     assert len(lost) == len(outcome.dropped) == 3 and not outcome.kept, (outcome.notes, outcome.dropped)
     assert "0.5000 ms of CPU time a call against 0.7000 ms for the model's own forward" in lost[0], lost[0]
     assert ("lost.py", "ModelNew", ("r00", "r01", "r06")) in timed and ("lost.py", "Model", ()) in timed, timed
+
+
+@pytest.mark.parametrize("calls, on_host", [({"candidate": 1.1, "eager": 0.74}, True),
+                                            ({"candidate": 0.75, "eager": 0.74}, True),
+                                            ({"candidate": 0.70, "eager": 0.74}, False)])
+def test_a_loss_with_less_device_time_is_named_a_loss_on_the_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                calls: dict[str, float], on_host: bool) -> None:
+    from kernelevolve.model import profile
+    from kernelevolve.model.run import _where_it_lost
+    from kernelevolve.candidate import Candidate
+
+    def fake_times(path, region_of, device="cpu", runs=5, warmup=2, cls="ModelNew"):
+        return {profile.WHOLE: 0.48 if cls == "ModelNew" else 0.70, **{n: 0.1 for n in region_of.values()}}
+
+    monkeypatch.setattr(profile, "composed_times", fake_times)
+    line = _where_it_lost(Candidate("x = 1\n"), [], tmp_path, "cuda", {}, calls)
+    assert line.startswith("the composition that lost, by the profiler: 0.4800 ms of device time")
+    assert ("lost on the host" in line) == on_host, line

@@ -119,7 +119,7 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
             if h.wins:
                 result.why = f"{what}, {host} host; {h.line()}"
                 return finish(result, candidate.source, chosen, skipped, record)
-            result.notes.append(_where_it_lost(candidate, chosen, out_dir, cfg.device, own_ms))
+            result.notes.append(_where_it_lost(candidate, chosen, out_dir, cfg.device, own_ms, h.ms))
             worst = min(chosen, key=lambda c: (_gain(c, plan, outcomes), c.name))
             result.dropped.append(lost_line(worst.name, h))
             chosen.remove(worst)
@@ -133,11 +133,12 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
 
 
 def _where_it_lost(candidate: Candidate, chosen: list[Chosen], out_dir: Path, device: str,
-                   own: dict[str, float]) -> str:
+                   own: dict[str, float], call_ms: dict[str, float] | None = None) -> str:
     """One line on a composition that lost its head-to-head: its kernels' time in one call by the profiler (device
     time on a GPU), the whole's and each chosen problem's, beside the model's own forward in the same file (``own``,
-    filled on the first loss and kept for the next). Less device time than the model with a slower call is a loss on
-    the host (launches, Python); more is the kernels'."""
+    filled on the first loss and kept for the next). Less device time than the model with a slower call (the
+    head-to-head's medians, ``call_ms``: its "candidate" and the model's "eager") is a loss on the host (launches,
+    Python); more is the kernels'."""
     from kernelevolve.model.profile import WHOLE, composed_times
 
     path = out_dir / ".work" / "lost.py"
@@ -152,8 +153,14 @@ def _where_it_lost(candidate: Candidate, chosen: list[Chosen], out_dir: Path, de
     except Exception as e:  # a note the less, never a failed run
         return f"the composition that lost could not be profiled: {type(e).__name__}: {str(e)[:160]}"
     kernels = ", ".join(f"{c.name} {new.get(c.name, 0.0):.4f} ms" for c in chosen)
-    return (f"the composition that lost, by the profiler: {new.get(WHOLE, 0.0):.4f} ms of {what} a call against "
+    line = (f"the composition that lost, by the profiler: {new.get(WHOLE, 0.0):.4f} ms of {what} a call against "
             f"{own.get(WHOLE, 0.0):.4f} ms for the model's own forward (its kernels: {kernels})")
+    calls = call_ms or {}
+    if device == "cuda" and 0 < new.get(WHOLE, 0.0) < own.get(WHOLE, 0.0) and \
+            calls.get("candidate", 0.0) > calls.get("eager", float("inf")):
+        line += (f"; its call took {calls['candidate']:.4f} ms against the model's {calls['eager']:.4f} ms: less "
+                 "device time and a slower call, so it lost on the host (launches, Python), not in its kernels")
+    return line
 
 
 def _isolate(chosen: list[Chosen], failed: str, judge: Callable[[list[Chosen]], Any],
