@@ -5,13 +5,15 @@ hosts, timed beside the model's own eager and torch.compile builds.
 
 For each build: the call's median by ``triton.testing.do_bench`` in five rounds (a drift between rounds shows), the
 host's time per call (a loop of calls with no wait, the device idle before it), the device time of one call by the
-profiler, the graphs torch.compile built, and for the compositions the ten functions a call spends most host time in
+profiler (its kernels on the device's timeline), the same rounds with Python's garbage collector frozen and off, the
+graphs torch.compile built, and for the compositions the ten functions a call spends most host time in
 (cProfile, own time). A call slower than its device time with a host time near the call is bound by the host.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
 import statistics
@@ -55,15 +57,14 @@ def device_ms(fn: Callable[[], Any], cuda: bool) -> float | None:
         torch.cuda.synchronize()
         fn()
         torch.cuda.synchronize()
-    spin = 0.0
     total = 0.0
-    for e in prof.key_averages():
-        us = getattr(e, "self_device_time_total", None)
-        us = e.self_cuda_time_total if us is None else us
-        if "sleep" in e.key.lower() or "spin" in e.key.lower():
-            spin += us
-        total += us
-    return (total - spin) / 1e3
+    for e in prof.events():  # the kernels themselves, on the device's timeline (an op's row holds them again)
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA or "sleep" in e.name.lower():
+            continue
+        if getattr(e, "is_user_annotation", False) or e.name.startswith("ProfilerStep"):
+            continue
+        total += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    return total / 1e3
 
 
 def top_functions(fn: Callable[[], Any], calls: int = 20, n: int = 10) -> list[str]:
@@ -126,14 +127,26 @@ def measure(path: Path, top: int, work: Path, device: str) -> dict[str, Any]:
             xs = draws[0]
             call = lambda: fn(*xs)  # noqa: E731
             rounds = [call_ms(call, device) for _ in range(5)]
+            # the same rounds with Python's collector quiet: what the process's garbage adds to a call's host time
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+            try:
+                quiet = [call_ms(call, device) for _ in range(5)]
+            finally:
+                gc.enable()
+                gc.unfreeze()
             b = {"do_bench_ms": statistics.median(rounds), "rounds_ms": rounds, "host_ms": host_ms(call, cuda),
+                 "no_gc_ms": statistics.median(quiet), "no_gc_rounds_ms": quiet,
                  "device_ms": device_ms(call, cuda), "graphs_warm": g1 - g0, "graphs_timed": graphs() - g1}
             if name.startswith("composed"):
                 b["top"] = top_functions(call)
             row["builds"][name] = b
-            print(f"{path.stem} {name:18} do_bench {b['do_bench_ms']:.4f} ms  host {b['host_ms']:.4f} ms  "
+            print(f"{path.stem} {name:18} do_bench {b['do_bench_ms']:.4f} ms  no gc {b['no_gc_ms']:.4f} ms  "
+                  f"host {b['host_ms']:.4f} ms  "
                   f"device {b['device_ms'] or 0:.4f} ms  graphs {b['graphs_warm']}+{b['graphs_timed']}  rounds "
-                  + " ".join(f"{r:.3f}" for r in rounds), flush=True)
+                  + " ".join(f"{r:.3f}" for r in rounds) + "  no gc " + " ".join(f"{r:.3f}" for r in quiet),
+                  flush=True)
     return row
 
 
