@@ -159,8 +159,9 @@ def cmd_optimize_model(args: argparse.Namespace) -> int:
             console.print(line, markup=False)
     h = outcome.head_to_head
     if h is not None and h.answer:
-        ends = ", ".join(f"{h.speedup[k]:.2f}x vs {k}" for k in h.speedup)
-        console.print(f"end to end: {ends}", markup=False)
+        from kernelevolve.model.report import ends_line
+
+        console.print(f"end to end: {ends_line(outcome)}", markup=False)
     console.print(f"{outcome.best_model}: {outcome.why}", markup=False)
     if outcome.time_line():
         console.print(outcome.time_line(), markup=False, soft_wrap=True)

@@ -100,6 +100,25 @@ def test_the_candidate_answers_only_where_it_beats_the_best_baseline_beyond_the_
     assert ("not faster" in h.line()) == (answer != CANDIDATE)
 
 
+def test_a_later_head_to_head_carries_the_first_ones_other_baselines() -> None:
+    """Held against the first head-to-head's fastest baseline alone, a later one reports the others from the first:
+    each trails the fastest by the first's ratio, and its note says it was not timed again."""
+    from kernelevolve.evaluate.headtohead import carried
+
+    first = decide({CANDIDATE: [1.2] * 10, "eager": [1.0] * 10, "compiled": [1.5] * 10, "max_autotune": [2.0] * 10})
+    assert first.best_baseline == "eager" and not first.wins
+    later = carried(decide({CANDIDATE: [0.5] * 10, "eager": [1.0] * 10}), first)
+    assert later.wins and later.best_baseline == "eager"
+    assert later.speedup == pytest.approx({"eager": 2.0, "compiled": 3.0, "max_autotune": 4.0})
+    assert later.ms["max_autotune"] == pytest.approx(2.0)
+    assert set(later.notes) == {"compiled", "max_autotune"} and "not timed again" in later.notes["compiled"]
+    assert set(later.round_ms) == {CANDIDATE, "eager"}  # the rounds are the later ones' alone
+    lost = carried(decide({CANDIDATE: [1.1] * 10, "eager": [1.0] * 10}), first)
+    assert not lost.wins and lost.speedup == pytest.approx({"eager": 1.0, "compiled": 1.5, "max_autotune": 2.0})
+    failed = HeadToHead.failed("call", "a side died")
+    assert carried(failed, first) is failed
+
+
 def test_the_best_baseline_is_the_fastest_side_and_the_lower_bound_decides() -> None:
     h = decide({CANDIDATE: [1.0] * 10, "eager": [0.98] * 10, "compiled": [1.2] * 10})
     assert h.best_baseline == "eager" and h.answer == "eager"

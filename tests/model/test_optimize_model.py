@@ -398,6 +398,41 @@ def test_a_composition_that_loses_is_profiled_beside_the_model(tmp_path: Path, m
     assert ("lost.py", "ModelNew", ("r00", "r01", "r06")) in timed and ("lost.py", "Model", ()) in timed, timed
 
 
+def test_after_a_loss_a_composition_meets_the_fastest_build_alone(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first head-to-head builds every baseline of the whole model; once it is lost, each later one meets only
+    the fastest of them (a max-autotune build of a whole model takes minutes), and the answer still reports all
+    three, the others carried over from the first."""
+    from kernelevolve.evaluate.evaluator import Evaluator
+    from kernelevolve.evaluate.headtohead import CANDIDATE, decide
+    from kernelevolve.model import profile
+
+    sides_seen: list[tuple[str, ...]] = []
+    times = {"eager": 1.0, "compiled": 1.5, "max_autotune": 2.5}
+
+    def fake_times(path, region_of, device="cpu", runs=5, warmup=2, cls="ModelNew"):
+        return {profile.WHOLE: 1.0, **{n: 0.1 for n in region_of.values()}}
+
+    def rounds(self, candidate, sides, gpu=None, rounds=10):
+        sides_seen.append(tuple(sides))
+        ms = 2.0 if len(sides_seen) == 1 else 1.2  # the first loses; later ones lose too, to drop every kernel
+        return decide({CANDIDATE: [ms] * 10, **{s: [times[s]] * 10 for s in sides}}, notes={})
+
+    monkeypatch.setattr(profile, "composed_times", fake_times)
+    monkeypatch.setattr(Evaluator, "head_to_head", rounds)
+    _own_code_as_kernels(monkeypatch)
+    outcome = _run(tmp_path)
+    assert sides_seen[0] == ("eager", "compiled", "max_autotune") and len(sides_seen) == 3, sides_seen
+    assert all(s == ("eager",) for s in sides_seen[1:]), sides_seen
+    h = outcome.head_to_head
+    assert h.speedup == pytest.approx({"eager": 1.0, "compiled": 1.5, "max_autotune": 2.5})
+    assert "not timed again" in h.notes["max_autotune"]
+    from kernelevolve.model.report import ends_line
+
+    assert ends_line(outcome) == ("1.00x vs eager, 1.50x vs compiled (carried over), "
+                                  "2.50x vs max_autotune (carried over)")
+
+
 @pytest.mark.parametrize("calls, on_host", [({"candidate": 1.1, "eager": 0.74}, True),
                                             ({"candidate": 0.75, "eager": 0.74}, True),
                                             ({"candidate": 0.70, "eager": 0.74}, False)])

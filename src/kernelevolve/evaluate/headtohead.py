@@ -138,3 +138,25 @@ def decide(round_ms: dict[str, list[float]], clock: str = "call", notes: dict[st
     return HeadToHead(clock, min(len(v) for v in round_ms.values()), ms, speedup, lows, highs, best, answer,
                       (statistics.median(vs_best), low, high), {k: list(v) for k, v in round_ms.items()},
                       dict(notes or {}))
+
+
+def carried(h: HeadToHead, first: HeadToHead) -> HeadToHead:
+    """``h``, held against ``first``'s best baseline alone, with the other baselines of ``first`` carried over: each
+    one's speedup is ``h``'s over that best baseline times how much slower the other was than it in ``first`` (its
+    bounds alike), and its note says so. A later head-to-head of one run need not build every baseline again (a
+    whole model's max-autotune build takes minutes): the answer has to beat the fastest of them, and ``first`` says
+    which that is and by how much the others trail it."""
+    best = first.best_baseline
+    if h.error or best not in h.speedup or best not in first.ms:
+        return h
+    ms, speedup, low, high, notes = dict(h.ms), dict(h.speedup), dict(h.low), dict(h.high), dict(h.notes)
+    for b, b_ms in first.ms.items():
+        if b == CANDIDATE or b in speedup or first.ms[best] <= 0:
+            continue
+        trail = b_ms / first.ms[best]
+        ms[b] = h.ms[best] * trail
+        speedup[b], low[b], high[b] = h.speedup[best] * trail, h.low[best] * trail, h.high[best] * trail
+        notes[b] = (f"not timed again: {trail:.2f}x {LABELS.get(best, best)}'s time in the run's first head to head, "
+                    f"carried over")
+    return HeadToHead(h.clock, h.rounds, ms, speedup, low, high, h.best_baseline, h.answer, h.candidate_vs_best,
+                      h.round_ms, notes, h.error)

@@ -151,10 +151,14 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _ends(outcome: Any) -> str:
+def ends_line(outcome: Any) -> str:
+    """The answer's speedup over each build of the whole model; a build not timed again in the last head-to-head
+    (headtohead.carried) is marked so."""
     h = outcome.head_to_head
-    return ", ".join(f"{v:.2f}x vs {k}" for k, v in h.speedup.items()) if h is not None and h.answer else \
-        "not timed head to head"
+    if h is None or not h.answer:
+        return "not timed head to head"
+    return ", ".join(f"{v:.2f}x vs {k}" + (" (carried over)" if "not timed again" in h.notes.get(k, "") else "")
+                     for k, v in h.speedup.items())
 
 
 def _steps_html(title: str, steps: list[Step], note: str) -> list[str]:
@@ -193,7 +197,7 @@ def render(outcome: Any, steps: list[Step], note: str) -> str:
     body = [f"<h1>{_e(plan.problem.name)}: the whole model</h1>",
             f'<p class="meta">device {_e(plan.times.device)} · model run {_e(outcome.run_id)} · '
             f"{len(plan.graph.calls())} ops, {len(plan.partition.regions)} regions, {len(plan.groups)} problems</p>",
-            f"<p><b>best_model.py</b>: {_e(outcome.why)}</p><p><b>end to end</b>: {_e(_ends(outcome))}</p>",
+            f"<p><b>best_model.py</b>: {_e(outcome.why)}</p><p><b>end to end</b>: {_e(ends_line(outcome))}</p>",
             *_steps_html("Time by region", steps, note), "<h2>Problems</h2>",
             _table(["problem", "kind", "where", "instances", "ms", "share", "budget", "run", "speedup",
                     "in best_model.py"], problems)]
@@ -208,7 +212,7 @@ def _render_parts(outcome: Any, steps: list[Step], note: str) -> str:
              "kept" if r["name"] in outcome.kept else r.get("why", "")] for r in outcome.parts]
     body = [f"<h1>{_e(outcome.out_dir.name if outcome.out_dir else 'model')}: the whole model, by its parts</h1>",
             f'<p class="meta">device {_e(outcome.device)} · model run {_e(outcome.run_id)}</p>',
-            f"<p><b>best_model.py</b>: {_e(outcome.why)}</p><p><b>end to end</b>: {_e(_ends(outcome))}</p>",
+            f"<p><b>best_model.py</b>: {_e(outcome.why)}</p><p><b>end to end</b>: {_e(ends_line(outcome))}</p>",
             *_steps_html("Time by part", steps, note), "<h2>Parts</h2><p>Each part's own report is in its folder.</p>",
             _table(["part", "instances", "class", "ms", "share", "run", "speedup", "in best_model.py"], rows)]
     return _page("model report", body, [("Dropped from the composition", outcome.dropped), ("Notes", outcome.notes)])

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kernelevolve.candidate import Candidate
-from kernelevolve.evaluate.headtohead import LABELS
+from kernelevolve.evaluate.headtohead import LABELS, HeadToHead, carried
 from kernelevolve.model.budget import closing_s
 from kernelevolve.model.compose import HOSTS, Chosen, compose
 from kernelevolve.model.outcome import ModelOutcome, Record, fallback, finish, lost_line, settle_baselines
@@ -99,6 +99,8 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
     judge = functools.partial(_judge_hosts, source, plan, doc=doc, hosts=hosts, evaluator=evaluator, record=record,
                               result=result, cfg=cfg, on_stage=on_stage)
     own_ms: dict[str, float] = {}  # the model's own forward by the profiler, once a run (_where_it_lost)
+    # after a loss, later compositions meet the fastest build of the first head-to-head alone (the others carried)
+    first: HeadToHead | None = None
     try:
         judged: tuple[str, Candidate, Any, list[str]] | str | None = None
         while chosen:
@@ -111,7 +113,10 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
             if not cfg.head_to_head or cfg.device != "cuda" and not verdict.timed:
                 result.why = f"{what}, verified (not timed on {cfg.device}), {host} host"
                 return finish(result, candidate.source, chosen, skipped, record)
-            h = record.head_to_head(evaluator, candidate, rivals, result, on_stage, f"it ({host} host)")
+            h = record.head_to_head(evaluator, candidate, (first.best_baseline,) if first else rivals, result,
+                                    on_stage, f"it ({host} host)")
+            if first is not None:
+                h = result.head_to_head = carried(h, first)
             if h.error:
                 result.why = f"{what}, verified, {host} host; the head-to-head could not be held ({h.error[:160]})"
                 result.head_to_head = None
@@ -120,6 +125,8 @@ def optimize_model(path: str | Path, cfg: Any, store: Any, out_dir: Path, budget
                 result.why = f"{what}, {host} host; {h.line()}"
                 return finish(result, candidate.source, chosen, skipped, record)
             result.notes.append(_where_it_lost(candidate, chosen, out_dir, cfg.device, own_ms, h.ms))
+            if first is None:
+                first = h
             worst = min(chosen, key=lambda c: (_gain(c, plan, outcomes), c.name))
             result.dropped.append(lost_line(worst.name, h))
             chosen.remove(worst)
