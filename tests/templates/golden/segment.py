@@ -66,10 +66,10 @@ def k0_segment_kernel(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v
 
 def k0_segment(*inputs):
     src = inputs[0]
-    idx = inputs[1].reshape(-1)
+    idx = inputs[1]
     N = idx.numel()
     assert src.dim() == 2, 'the table must be 2-D'
-    bnd = inputs[2].reshape(-1)
+    bnd = inputs[2]
     S = bnd.numel() - 0
     D = src.shape[1]
     outs = [torch.empty((S, D,), dtype=dt, device=src.device) for dt in (torch.float32, )]

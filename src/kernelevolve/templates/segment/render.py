@@ -116,30 +116,39 @@ def {name}(*inputs):
 '''
 
 
-def _prep(spec: dict, gather: bool) -> tuple[list[str], list[str]]:
+def _flat(match: Match, k: int) -> str:
+    """The launcher's ``inputs[k]`` as a 1-D tensor: as it comes where the graph traced it 1-D (the candidate's
+    guard holds every input's rank), else reshaped; a reshape costs a call's host about a microsecond, and a
+    DLRM's grouped bags read twenty such inputs."""
+    val = getattr(match.inputs[k], "meta", {}).get("val")
+    return f"inputs[{k}]" if isinstance(val, torch.Tensor) and val.dim() == 1 else f"inputs[{k}].reshape(-1)"
+
+
+def _prep(match: Match, gather: bool) -> tuple[list[str], list[str]]:
     """Launcher statements that read the bag layout, and the kernel arguments they provide."""
+    spec = match.spec
     r, bags = spec["roles"], spec["bags"]
-    lines = [f"idx = inputs[{r['idx']}].reshape(-1)", "N = idx.numel()",
+    lines = [f"idx = {_flat(match, r['idx'])}", "N = idx.numel()",
              "assert src.dim() == 2, 'the table must be 2-D'"] if gather else [
         "assert src.dim() == 2, 'the values must be 2-D'", "N = src.shape[0]"]
     args = ["src", "idx"] if gather else ["src"]
     if bags == "offsets":
-        lines += [f"bnd = inputs[{r['offsets']}].reshape(-1)",
+        lines += [f"bnd = {_flat(match, r['offsets'])}",
                   f"S = bnd.numel() - {int(bool(spec.get('include_last')))}"]
         args += ["bnd", "bnd.numel()"]
     elif bags == "lengths":
-        lines += [f"lens = inputs[{r['lengths']}].reshape(-1)", "ends = torch.cumsum(lens, 0)", "S = lens.numel()"]
+        lines += [f"lens = {_flat(match, r['lengths'])}", "ends = torch.cumsum(lens, 0)", "S = lens.numel()"]
         args += ["ends", "lens"]
     elif bags == "fixed":
         lines += [f"assert N % {spec['L']} == 0, 'indices do not split into bags of {spec['L']}'",
                   f"S = N // {spec['L']}"]
     else:
-        lines += [f"ids = inputs[{r['ids']}].reshape(-1)", "assert ids.numel() == N, 'one segment id per row'",
+        lines += [f"ids = {_flat(match, r['ids'])}", "assert ids.numel() == N, 'one segment id per row'",
                   f"S = {spec['S']}", "perm = torch.argsort(ids, stable=True)",
                   "bnd = torch.searchsorted(ids[perm], torch.arange(S + 1, device=ids.device, dtype=ids.dtype))"]
         args += ["bnd", "perm"]
     if "psw" in r:
-        lines.append(f"psw = inputs[{r['psw']}].reshape(-1)")
+        lines.append(f"psw = {_flat(match, r['psw'])}")
         args.append("psw")
     return lines, args
 
@@ -168,7 +177,7 @@ def render_segment(match: Match, config: dict[str, Any], name: str) -> str:
     block_d, block_l = _blocks(spec, config)
     params = ["src_ptr"] + (["idx_ptr"] if gather else []) + _BOUND_PARAMS[spec["bags"]]
     params += ["psw_ptr"] if "psw" in spec["roles"] else []
-    prep, args = _prep(spec, gather)
+    prep, args = _prep(match, gather)
     for k, (cls, bdim, ddim) in spec["sides"].items():
         params.append(f"x{k}_ptr")
         args.append(f"inputs[{k}]")
@@ -219,8 +228,8 @@ def {name}_kernel(
 _GROUP_LAUNCHER = '''
 def {name}(*inputs):
     srcs = [inputs[k] for k in {tables}]
-    idxs = [inputs[k].reshape(-1) for k in {idx}]
-    bnds = [inputs[k].reshape(-1) for k in {offsets}]
+    idxs = [{idx}]
+    bnds = [{offsets}]
     D = srcs[0].shape[1]
     S = [b.numel() - {include_last} for b in bnds]
     outs = [torch.empty((s, D), dtype={dtype}, device=srcs[0].device) for s in S]
@@ -253,7 +262,7 @@ def render_group(match: Match, config: dict[str, Any], name: str) -> str:
             + _GROUP_KERNEL.format(name=name, params=",\n        ".join(params),
                                    sizes=[f"{p}{t}" for t in range(n) for p in ("nb", "N", "S")], branches="\n".join("    " + b for b in branches))
             + _GROUP_LAUNCHER.format(
-                name=name, tables=[r["table"] for r in roles], idx=[r["idx"] for r in roles],
-                offsets=[r["offsets"] for r in roles], include_last=int(bool(first.get("include_last"))),
+                name=name, tables=[r["table"] for r in roles], idx=", ".join(_flat(match, r["idx"]) for r in roles),
+                offsets=", ".join(_flat(match, r["offsets"]) for r in roles), include_last=int(bool(first.get("include_last"))),
                 dtype=dtype(match.outputs[0]), n=n, BLOCK_D=block_d, BLOCK_L=block_l,
                 num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1))))

@@ -86,8 +86,8 @@ def k0_segment_kernel(
 
 def k0_segment(*inputs):
     srcs = [inputs[k] for k in [0, 3, 6]]
-    idxs = [inputs[k].reshape(-1) for k in [1, 4, 7]]
-    bnds = [inputs[k].reshape(-1) for k in [2, 5, 8]]
+    idxs = [inputs[1], inputs[4], inputs[7]]
+    bnds = [inputs[2], inputs[5], inputs[8]]
     D = srcs[0].shape[1]
     S = [b.numel() - 0 for b in bnds]
     outs = [torch.empty((s, D), dtype=torch.float32, device=srcs[0].device) for s in S]
