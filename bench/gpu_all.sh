@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repo root: any of the GPU test suite, the experience benchmark and the benchmark suite,
 # each writing its logs and JSON under $OUT and printing a short summary last.
-# Usage: OUT=dir STEPS="tests screen experience suite wide load throughput kernelbench models glue report" BUDGET=40 AGAIN=120 \
+# Usage: OUT=dir STEPS="tests screen experience suite wide load throughput kernelbench models clock glue report" TOP=1 BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
 #        LEVELS="1 2" SAMPLE=16 SEED=35 KB_PROBLEMS="level1/20_LeakyReLU" COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
 #        MODELS="dlrm mmoe" L3_SEED=36 MODELS_JSON=earlier-models.json MODEL_TIMEOUT=540 \
@@ -111,6 +111,12 @@ for step in ${STEPS:-tests experience}; do
         ${MODEL_TIMEOUT:+--timeout $MODEL_TIMEOUT} \
         --json "$OUT/models.json" --out-dir "$OUT/models" 2>&1 | tee "$OUT/models.log" | tail -30
       find "$OUT/models" -name .work -type d -prune -exec rm -rf {} + ; rm -f "$OUT"/models/models.db* ;;
+    clock)
+      # where a composition's call goes, for each model of MODELS (bench/compose_clock.py): do_bench rounds, host
+      # and device time a call, graphs built, cProfile; TOP problems get their default template kernel
+      for m in ${MODELS:-dlrm}; do
+        python3 bench/compose_clock.py --model "$m" --top "${TOP:-1}" --json "$OUT/clock-$m.json" 2>&1 \
+          | tee "$OUT/clock-$m.log" | grep -E "^$m " ; done ;;
     glue)
       # each bench model against its generated forward with no kernel in it, eager and compiled (bench/glue.py)
       # shellcheck disable=SC2086
