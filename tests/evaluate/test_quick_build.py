@@ -175,7 +175,9 @@ def test_the_random_fills_come_back_after_a_build_that_raised():
     before = torch.nn.init.kaiming_uniform_
     with pytest.raises(ValueError), _no_random_init():
         t = torch.zeros(3)
-        assert torch.nn.init.normal_(t) is t and t.abs().sum() == 0
+        assert torch.nn.init.normal_(t) is t and bool(torch.isnan(t).all())  # NaN, not whatever t held
+        ints = torch.zeros(3, dtype=torch.int64)
+        assert torch.nn.init.normal_(ints) is ints and int(ints.abs().sum()) == 0  # left as it is
         raise ValueError("the candidate's __init__ failed")
     assert torch.nn.init.kaiming_uniform_ is before
     assert torch.nn.init.normal_(torch.zeros(1000)).abs().sum() > 0
