@@ -52,8 +52,10 @@ def device_ms(fn: Callable[[], Any], cuda: bool) -> float | None:
         return None
     from torch.profiler import ProfilerActivity, profile
 
+    from kernelevolve.model.profile import SPIN_CYCLES
+
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        torch.cuda._sleep(50_000_000)
+        torch.cuda._sleep(SPIN_CYCLES)  # the clock up from idle, as the model's profile does
         torch.cuda.synchronize()
         fn()
         torch.cuda.synchronize()

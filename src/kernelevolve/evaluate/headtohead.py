@@ -147,11 +147,11 @@ def carried(h: HeadToHead, first: HeadToHead) -> HeadToHead:
     whole model's max-autotune build takes minutes): the answer has to beat the fastest of them, and ``first`` says
     which that is and by how much the others trail it."""
     best = first.best_baseline
-    if h.error or best not in h.speedup or best not in first.ms:
+    if h.error or best not in h.speedup or first.ms.get(best, 0.0) <= 0:
         return h
     ms, speedup, low, high, notes = dict(h.ms), dict(h.speedup), dict(h.low), dict(h.high), dict(h.notes)
     for b, b_ms in first.ms.items():
-        if b == CANDIDATE or b in speedup or first.ms[best] <= 0:
+        if b == CANDIDATE or b in speedup:
             continue
         trail = b_ms / first.ms[best]
         ms[b] = h.ms[best] * trail

@@ -190,7 +190,7 @@ def _no_random_init() -> Iterator[list[int]]:
     saved = {name: getattr(torch.nn.init, name) for name in _RANDOM_INITS if hasattr(torch.nn.init, name)}
     skipped = [0]
 
-    def untouched(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    def nan_fill(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         skipped[0] += 1
         if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
             with torch.no_grad():
@@ -199,7 +199,7 @@ def _no_random_init() -> Iterator[list[int]]:
 
     try:
         for name in saved:
-            setattr(torch.nn.init, name, untouched)
+            setattr(torch.nn.init, name, nan_fill)
         yield skipped
     finally:
         for name, fn in saved.items():
