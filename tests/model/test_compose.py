@@ -90,6 +90,23 @@ def test_template_kernels_run_at_every_instance(tmp_path: Path, monkeypatch: pyt
     assert "@triton.jit" in text and not skipped
 
 
+# two bags of one width: one grouped launch, whose outputs are views of one buffer
+TWO_BAGS = BAGS.replace('self.bag = nn.EmbeddingBag(rows, dim, mode="sum")',
+                        'self.bag = nn.EmbeddingBag(rows, dim, mode="sum")\n'
+                        '        self.bag2 = nn.EmbeddingBag(rows + 7, dim, mode="sum")') \
+               .replace("pooled = self.bag(ids, offsets)", "pooled = torch.stack([self.bag(ids, offsets), self.bag2(ids, offsets)], 1).sum(1)")
+
+
+@pytest.mark.parametrize("host", ["eager", "compile"])
+def test_grouped_bags_template_kernel_composes_in_either_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              host: str) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter")
+    text, skipped = _check(tmp_path, TWO_BAGS, "template", host)
+    assert "_layout(srcs, idxs, bnds, S)" in text and not skipped
+
+
 def test_other_shapes_take_the_models_own_forward(tmp_path: Path) -> None:
     text, _ = _check(tmp_path, BLOCKS, "reference")
     out = tmp_path / "again.py"

@@ -33,6 +33,14 @@ CASES = {
                      "return torch.cat([a, b], 0), c",
                      f"{IDX}, {OFFSETS}, torch.randint(0, 50, (9,)), torch.tensor([0, 2, 2, 5])",
                      {"_embedding_bag_forward_only"}, 2),
+    # bags of one width whose indices and offsets differ in dtype (one kernel branch a table), one table read through
+    # a transposed view (rows not contiguous)
+    "bags_grouped_mixed": ("idx, off, idx2, off2",
+                           "a = F.embedding_bag(idx, self.w, off, mode='sum')\n"
+                           "b = F.embedding_bag(idx2, self.w.t().contiguous().t(), off2, mode='sum')\n"
+                           "return a, b",
+                           f"{IDX}, {OFFSETS}, torch.randint(0, 50, (9,)).int(), torch.tensor([0, 2, 2, 5]).int()",
+                           {"_embedding_bag_forward_only"}, 1),
     "bag_mean_relu": ("idx, off", "return torch.relu(F.embedding_bag(idx, self.w, off, mode='mean'))",
                       f"{IDX}, {OFFSETS}", {"_embedding_bag_forward_only", "relu"}, 1),
     "bag_sum_psw_last": ("idx, off, psw", "return F.embedding_bag(idx, self.w, off, mode='sum', "
@@ -157,6 +165,28 @@ def test_bags_of_one_kind_are_pooled_in_one_launch(tmp_path):
     assert [len(m.spec.get("group", [m])) for m in matches] == [2, 1]
     source = SegmentTemplate().render(group, {}, "seg0")
     assert source.count("seg0_kernel[") == 1 and "tl.program_id(2)" in source
+
+
+def test_a_group_reads_its_tables_from_a_layout_kept_per_set_of_tensors(tmp_path):
+    g = make(tmp_path, "mixed", *CASES["bags_grouped_mixed"][:3])
+    (group,) = SegmentTemplate().find(g, set())
+    source = FILE_HEADER + PRELUDE_IMPORTS + "\n" + PRELUDE + SegmentTemplate().render(group, {}, "seg0")
+    assert "elif t == 1:" in source and "tl.pointer_type(tl.int32)" in source  # a branch a table: dtypes differ
+    mod = load_source(source)
+    values = node_values(g)
+    args = [values[n] for n in group.inputs]
+    refs = [values[n] for n in group.outputs]
+    check(mod.seg0(*args), refs)
+    check(mod.seg0(*args), refs)
+    assert len(mod.seg0_layouts) == 1  # the same tensors again: the same layout
+    (meta, unit_d, aligned, kept, _), = mod.seg0_layouts.values()
+    assert not unit_d and not aligned and not kept  # the transposed table's rows are strided, 33 wide
+    fresh = [a.clone() for a in args]
+    check(mod.seg0(*fresh), refs)
+    assert len(mod.seg0_layouts) == 2
+    for _ in range(70):  # at most 64 layouts are kept
+        check(mod.seg0(*[a.clone() for a in args]), refs)
+    assert len(mod.seg0_layouts) == 64
 
 
 def test_a_bag_whose_table_is_another_bags_output_pools_after_it(tmp_path):

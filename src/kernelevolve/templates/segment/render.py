@@ -202,8 +202,9 @@ def render_segment(match: Match, config: dict[str, Any], name: str) -> str:
 
 
 # Several bags of one kind (tables of one width and dtype, each with its own indices and offsets, as a DLRM's ten
-# embedding bags): one launch for all of them. Each table's pooling is the single kernel's body in a function of its
-# own; the kernel's third grid axis picks the table.
+# embedding bags): one launch for all of them. The kernel's third grid axis picks the table; each table's pointers and
+# sizes are a row of an int64 layout tensor, not arguments of their own: a launch's host cost grows with its argument
+# count (ten tables passed one by one were 91 arguments), and this launch has six.
 _ONE = '''
 @triton.jit
 def {name}_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, stride_d, bag, d, dmask,
@@ -211,58 +212,110 @@ def {name}_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, strid
 {body}
 '''
 
-# the sizes of each table's indices, offsets and bags change from draw to draw (jagged totals): specialized as
-# Triton specializes integers (1, multiples of 16), each draw could compile the kernel anew
+# a table's row of the layout: its table, indices and offsets (addresses), the offsets' and indices' counts, its bag
+# count, its first row in the shared output, and the table's strides
+_FIELDS = ("src", "idx", "bnd", "nb", "N", "S", "row", "sv", "sd")
+
 _GROUP_KERNEL = '''
-@triton.jit(do_not_specialize={sizes})
-def {name}_kernel(
-        {params},
-        D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
+@triton.jit
+def {name}_kernel(meta_ptr, out_ptr, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+        UNIT_D: tl.constexpr, ALIGNED: tl.constexpr):
     bag = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < D
     t = tl.program_id(2)
-{branches}
+    m = meta_ptr + t * {width}
+    if bag < tl.load(m + 5):
+        src = tl.load(m).to(tl.pointer_type({src_t}))
+        sv = tl.load(m + 7)
+        if ALIGNED:  # every table 16-byte aligned with rows a multiple of 16 elements apart: vector loads
+            src = tl.multiple_of(src, 16)
+            sv = tl.multiple_of(sv, 16)
+        if UNIT_D:
+            sd = 1
+        else:
+            sd = tl.load(m + 8)
+        nb = tl.load(m + 3)
+        n = tl.load(m + 4)
+        out = out_ptr + tl.load(m + 6) * D
+{calls}
 '''
 
 _GROUP_LAUNCHER = '''
+{name}_layouts = {{}}
+
+
+def {name}_layout(srcs, idxs, bnds, S):
+    """The kernel's layout tensor for these tables, indices and offsets, with its UNIT_D and ALIGNED flags; kept per
+    layout, so a call on the same tensors (a model's weights, a loop's input buffers) copies nothing to the device.
+    A layout first used while a CUDA graph is captured is kept for good: the graph reads it on every replay."""
+    vals, row = [], 0
+    for s, i, b, n in zip(srcs, idxs, bnds, S):
+        vals += [s.data_ptr(), i.data_ptr(), b.data_ptr(), b.numel(), i.numel(), n, row, s.stride(0), s.stride(1)]
+        row += n
+    key = tuple(vals)
+    hit = {name}_layouts.get(key)
+    capturing = srcs[0].is_cuda and torch.cuda.is_current_stream_capturing()
+    if hit is None:
+        host = torch.tensor(vals, dtype=torch.int64)
+        meta = host.pin_memory().to(srcs[0].device, non_blocking=True) if srcs[0].is_cuda else host
+        unit_d = all(s.stride(1) == 1 for s in srcs)
+        aligned = all(s.data_ptr() % 16 == 0 and s.stride(0) % 16 == 0 for s in srcs)
+        loose = [k for k, v in {name}_layouts.items() if not v[3]]
+        if len(loose) >= 64:
+            del {name}_layouts[loose[0]]
+        hit = {name}_layouts[key] = [meta, unit_d, aligned, capturing, host]
+    hit[3] = hit[3] or capturing
+    return hit[0], hit[1], hit[2]
+
+
 def {name}(*inputs):
     srcs = [inputs[k] for k in {tables}]
     idxs = [{idx}]
     bnds = [{offsets}]
     D = srcs[0].shape[1]
     S = [b.numel() - {include_last} for b in bnds]
-    outs = [torch.empty((s, D), dtype={dtype}, device=srcs[0].device) for s in S]
+    out = torch.empty((sum(S), D), dtype={dtype}, device=srcs[0].device)
     if max(S) > 0 and D > 0:
-        args = [a for t in range({n}) for a in (srcs[t], idxs[t], bnds[t], bnds[t].numel(), outs[t], idxs[t].numel(),
-                                           S[t], srcs[t].stride(0), srcs[t].stride(1))]
-        {name}_kernel[(max(S), _cdiv(D, {BLOCK_D}), {n})](*args, D, BLOCK_L={BLOCK_L}, BLOCK_D={BLOCK_D},
-            EVEN_D=D % {BLOCK_D} == 0, num_warps={num_warps}, num_stages={num_stages})
-    return tuple(outs)
+        meta, unit_d, aligned = {name}_layout(srcs, idxs, bnds, S)
+        {name}_kernel[(max(S), _cdiv(D, {BLOCK_D}), {n})](meta, out, D, BLOCK_L={BLOCK_L}, BLOCK_D={BLOCK_D},
+            EVEN_D=D % {BLOCK_D} == 0, UNIT_D=unit_d, ALIGNED=aligned, num_warps={num_warps}, num_stages={num_stages})
+    return tuple(out.split(S))
 '''
+
+
+def _calls(name: str, kinds: list[tuple[str, str]]) -> list[str]:
+    """The kernel's call of the pooling body with each table's index and offset pointers typed: one call where every
+    table's indices and offsets have one dtype each, else one branch a table."""
+    def call(idx_t: str, bnd_t: str) -> list[str]:
+        return [f"idx = tl.load(m + 1).to(tl.pointer_type({idx_t}))",
+                f"bnd = tl.load(m + 2).to(tl.pointer_type({bnd_t}))",
+                f"{name}_one(src, idx, bnd, nb, out, n, D, sv, sd, bag, d, dmask, BLOCK_L, BLOCK_D, EVEN_D)"]
+    if len(set(kinds)) == 1:
+        return call(*kinds[0])
+    lines = []
+    for t, kind in enumerate(kinds):
+        lines += [f"{'if' if t == 0 else 'elif'} t == {t}:"] + ["    " + c for c in call(*kind)]
+    return lines
 
 
 def render_group(match: Match, config: dict[str, Any], name: str) -> str:
     """One kernel for the bags of ``match.spec["group"]`` (each a bag's spec, its roles indexing the match's inputs),
-    which differ only in their tables, indices and offsets."""
+    which differ only in their tables, indices and offsets; their pooled rows share one output, returned as a view a
+    bag."""
     spec = match.spec
     first = spec["group"][0]
     block_d, block_l = _blocks(spec, config)
     body = _pool(first, True)
     body.append(f"tl.store(out0_ptr + bag * D + d, r.to({TL_DTYPES[dtype(match.outputs[0])]}), mask=dmask)")
-    n = len(spec["group"])
-    params = [", ".join(f"{p}{t}" for p in ("src", "idx", "bnd", "nb", "out", "N", "S", "sv", "sd")) for t in range(n)]
-    branches = []
-    for t in range(n):
-        branches += [f"{'if' if t == 0 else 'elif'} t == {t}:", f"    if bag < S{t}:",
-                     f"        {name}_one(src{t}, idx{t}, bnd{t}, nb{t}, out{t}, N{t}, D, sv{t}, sd{t}, bag, d, dmask,",
-                     "                   BLOCK_L, BLOCK_D, EVEN_D)"]
     roles = [g["roles"] for g in spec["group"]]
+    kinds = [(TL_DTYPES[dtype(match.inputs[r["idx"]])], TL_DTYPES[dtype(match.inputs[r["offsets"]])]) for r in roles]
+    calls = "\n".join(" " * 8 + c for c in _calls(name, kinds))
     return (_ONE.format(name=name, body="\n".join("    " + b for b in body))
-            + _GROUP_KERNEL.format(name=name, params=",\n        ".join(params),
-                                   sizes=[f"{p}{t}" for t in range(n) for p in ("nb", "N", "S")], branches="\n".join("    " + b for b in branches))
+            + _GROUP_KERNEL.format(name=name, width=len(_FIELDS), src_t=TL_DTYPES[dtype(match.inputs[roles[0]["table"]])],
+                                   calls=calls)
             + _GROUP_LAUNCHER.format(
                 name=name, tables=[r["table"] for r in roles], idx=", ".join(_flat(match, r["idx"]) for r in roles),
                 offsets=", ".join(_flat(match, r["offsets"]) for r in roles), include_last=int(bool(first.get("include_last"))),
-                dtype=dtype(match.outputs[0]), n=n, BLOCK_D=block_d, BLOCK_L=block_l,
+                dtype=dtype(match.outputs[0]), n=len(roles), BLOCK_D=block_d, BLOCK_L=block_l,
                 num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1))))

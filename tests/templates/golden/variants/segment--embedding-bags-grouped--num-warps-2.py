@@ -61,28 +61,57 @@ def k0_segment_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, s
     r = tl.where(n == 0, 0.0, r)
     tl.store(out0_ptr + bag * D + d, r.to(tl.float32), mask=dmask)
 
-@triton.jit(do_not_specialize=['nb0', 'N0', 'S0', 'nb1', 'N1', 'S1', 'nb2', 'N2', 'S2'])
-def k0_segment_kernel(
-        src0, idx0, bnd0, nb0, out0, N0, S0, sv0, sd0,
-        src1, idx1, bnd1, nb1, out1, N1, S1, sv1, sd1,
-        src2, idx2, bnd2, nb2, out2, N2, S2, sv2, sd2,
-        D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
+@triton.jit
+def k0_segment_kernel(meta_ptr, out_ptr, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+        UNIT_D: tl.constexpr, ALIGNED: tl.constexpr):
     bag = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < D
     t = tl.program_id(2)
-    if t == 0:
-        if bag < S0:
-            k0_segment_one(src0, idx0, bnd0, nb0, out0, N0, D, sv0, sd0, bag, d, dmask,
-                       BLOCK_L, BLOCK_D, EVEN_D)
-    elif t == 1:
-        if bag < S1:
-            k0_segment_one(src1, idx1, bnd1, nb1, out1, N1, D, sv1, sd1, bag, d, dmask,
-                       BLOCK_L, BLOCK_D, EVEN_D)
-    elif t == 2:
-        if bag < S2:
-            k0_segment_one(src2, idx2, bnd2, nb2, out2, N2, D, sv2, sd2, bag, d, dmask,
-                       BLOCK_L, BLOCK_D, EVEN_D)
+    m = meta_ptr + t * 9
+    if bag < tl.load(m + 5):
+        src = tl.load(m).to(tl.pointer_type(tl.float32))
+        sv = tl.load(m + 7)
+        if ALIGNED:  # every table 16-byte aligned with rows a multiple of 16 elements apart: vector loads
+            src = tl.multiple_of(src, 16)
+            sv = tl.multiple_of(sv, 16)
+        if UNIT_D:
+            sd = 1
+        else:
+            sd = tl.load(m + 8)
+        nb = tl.load(m + 3)
+        n = tl.load(m + 4)
+        out = out_ptr + tl.load(m + 6) * D
+        idx = tl.load(m + 1).to(tl.pointer_type(tl.int64))
+        bnd = tl.load(m + 2).to(tl.pointer_type(tl.int64))
+        k0_segment_one(src, idx, bnd, nb, out, n, D, sv, sd, bag, d, dmask, BLOCK_L, BLOCK_D, EVEN_D)
+
+k0_segment_layouts = {}
+
+
+def k0_segment_layout(srcs, idxs, bnds, S):
+    """The kernel's layout tensor for these tables, indices and offsets, with its UNIT_D and ALIGNED flags; kept per
+    layout, so a call on the same tensors (a model's weights, a loop's input buffers) copies nothing to the device.
+    A layout first used while a CUDA graph is captured is kept for good: the graph reads it on every replay."""
+    vals, row = [], 0
+    for s, i, b, n in zip(srcs, idxs, bnds, S):
+        vals += [s.data_ptr(), i.data_ptr(), b.data_ptr(), b.numel(), i.numel(), n, row, s.stride(0), s.stride(1)]
+        row += n
+    key = tuple(vals)
+    hit = k0_segment_layouts.get(key)
+    capturing = srcs[0].is_cuda and torch.cuda.is_current_stream_capturing()
+    if hit is None:
+        host = torch.tensor(vals, dtype=torch.int64)
+        meta = host.pin_memory().to(srcs[0].device, non_blocking=True) if srcs[0].is_cuda else host
+        unit_d = all(s.stride(1) == 1 for s in srcs)
+        aligned = all(s.data_ptr() % 16 == 0 and s.stride(0) % 16 == 0 for s in srcs)
+        loose = [k for k, v in k0_segment_layouts.items() if not v[3]]
+        if len(loose) >= 64:
+            del k0_segment_layouts[loose[0]]
+        hit = k0_segment_layouts[key] = [meta, unit_d, aligned, capturing, host]
+    hit[3] = hit[3] or capturing
+    return hit[0], hit[1], hit[2]
+
 
 def k0_segment(*inputs):
     srcs = [inputs[k] for k in [0, 3, 6]]
@@ -90,13 +119,12 @@ def k0_segment(*inputs):
     bnds = [inputs[2], inputs[5], inputs[8]]
     D = srcs[0].shape[1]
     S = [b.numel() - 0 for b in bnds]
-    outs = [torch.empty((s, D), dtype=torch.float32, device=srcs[0].device) for s in S]
+    out = torch.empty((sum(S), D), dtype=torch.float32, device=srcs[0].device)
     if max(S) > 0 and D > 0:
-        args = [a for t in range(3) for a in (srcs[t], idxs[t], bnds[t], bnds[t].numel(), outs[t], idxs[t].numel(),
-                                           S[t], srcs[t].stride(0), srcs[t].stride(1))]
-        k0_segment_kernel[(max(S), _cdiv(D, 32), 3)](*args, D, BLOCK_L=16, BLOCK_D=32,
-            EVEN_D=D % 32 == 0, num_warps=2, num_stages=1)
-    return tuple(outs)
+        meta, unit_d, aligned = k0_segment_layout(srcs, idxs, bnds, S)
+        k0_segment_kernel[(max(S), _cdiv(D, 32), 3)](meta, out, D, BLOCK_L=16, BLOCK_D=32,
+            EVEN_D=D % 32 == 0, UNIT_D=unit_d, ALIGNED=aligned, num_warps=2, num_stages=1)
+    return tuple(out.split(S))
 
 
 # ---- the reference, verbatim from the problem file ------------------------------------------------------------
