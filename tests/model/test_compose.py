@@ -90,7 +90,7 @@ def test_template_kernels_run_at_every_instance(tmp_path: Path, monkeypatch: pyt
     assert "@triton.jit" in text and not skipped
 
 
-# two bags of one width: one grouped launch, whose outputs are views of one buffer
+# two bags of one width: one grouped launch
 TWO_BAGS = BAGS.replace('self.bag = nn.EmbeddingBag(rows, dim, mode="sum")',
                         'self.bag = nn.EmbeddingBag(rows, dim, mode="sum")\n'
                         '        self.bag2 = nn.EmbeddingBag(rows + 7, dim, mode="sum")') \

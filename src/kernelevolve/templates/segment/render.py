@@ -202,9 +202,10 @@ def render_segment(match: Match, config: dict[str, Any], name: str) -> str:
 
 
 # Several bags of one kind (tables of one width and dtype, each with its own indices and offsets, as a DLRM's ten
-# embedding bags): one launch for all of them. The kernel's third grid axis picks the table; each table's pointers and
-# sizes are a row of an int64 layout tensor, not arguments of their own: a launch's host cost grows with its argument
-# count (ten tables passed one by one were 91 arguments), and this launch has six.
+# embedding bags): one launch for all of them. The kernel's third grid axis picks the table; each table's input
+# pointers and sizes are a row of an int64 layout tensor, not arguments of their own: a launch's host cost grows with
+# its argument count (ten tables passed one by one were 91 arguments; now 12, the outputs and the layout). The outputs
+# stay arguments: they are new on every call, where the layout is kept per set of inputs.
 _ONE = '''
 @triton.jit
 def {name}_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, stride_d, bag, d, dmask,
@@ -213,12 +214,12 @@ def {name}_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, strid
 '''
 
 # a table's row of the layout: its table, indices and offsets (addresses), the offsets' and indices' counts, its bag
-# count, its first row in the shared output, and the table's strides
-_FIELDS = ("src", "idx", "bnd", "nb", "N", "S", "row", "sv", "sd")
+# count and the table's strides
+_FIELDS = ("src", "idx", "bnd", "nb", "N", "S", "sv", "sd")
 
 _GROUP_KERNEL = '''
 @triton.jit
-def {name}_kernel(meta_ptr, out_ptr, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+def {name}_kernel(meta_ptr, {outs}, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
         UNIT_D: tl.constexpr, ALIGNED: tl.constexpr):
     bag = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -227,17 +228,17 @@ def {name}_kernel(meta_ptr, out_ptr, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.const
     m = meta_ptr + t * {width}
     if bag < tl.load(m + 5):
         src = tl.load(m).to(tl.pointer_type({src_t}))
-        sv = tl.load(m + 7)
+        sv = tl.load(m + 6)
         if ALIGNED:  # every table 16-byte aligned with rows a multiple of 16 elements apart: vector loads
             src = tl.multiple_of(src, 16)
             sv = tl.multiple_of(sv, 16)
         if UNIT_D:
             sd = 1
         else:
-            sd = tl.load(m + 8)
+            sd = tl.load(m + 7)
         nb = tl.load(m + 3)
         n = tl.load(m + 4)
-        out = out_ptr + tl.load(m + 6) * D
+{pick_out}
 {calls}
 '''
 
@@ -249,10 +250,9 @@ def {name}_layout(srcs, idxs, bnds, S):
     """The kernel's layout tensor for these tables, indices and offsets, with its UNIT_D and ALIGNED flags; kept per
     layout, so a call on the same tensors (a model's weights, a loop's input buffers) copies nothing to the device.
     A layout first used while a CUDA graph is captured is kept for good: the graph reads it on every replay."""
-    vals, row = [], 0
+    vals = []
     for s, i, b, n in zip(srcs, idxs, bnds, S):
-        vals += [s.data_ptr(), i.data_ptr(), b.data_ptr(), b.numel(), i.numel(), n, row, s.stride(0), s.stride(1)]
-        row += n
+        vals += [s.data_ptr(), i.data_ptr(), b.data_ptr(), b.numel(), i.numel(), n, s.stride(0), s.stride(1)]
     key = tuple(vals)
     hit = {name}_layouts.get(key)
     capturing = srcs[0].is_cuda and torch.cuda.is_current_stream_capturing()
@@ -275,12 +275,12 @@ def {name}(*inputs):
     bnds = [{offsets}]
     D = srcs[0].shape[1]
     S = [b.numel() - {include_last} for b in bnds]
-    out = torch.empty((sum(S), D), dtype={dtype}, device=srcs[0].device)
+    outs = [torch.empty((s, D), dtype={dtype}, device=srcs[0].device) for s in S]
     if max(S) > 0 and D > 0:
         meta, unit_d, aligned = {name}_layout(srcs, idxs, bnds, S)
-        {name}_kernel[(max(S), _cdiv(D, {BLOCK_D}), {n})](meta, out, D, BLOCK_L={BLOCK_L}, BLOCK_D={BLOCK_D},
+        {name}_kernel[(max(S), _cdiv(D, {BLOCK_D}), {n})](meta, *outs, D, BLOCK_L={BLOCK_L}, BLOCK_D={BLOCK_D},
             EVEN_D=D % {BLOCK_D} == 0, UNIT_D=unit_d, ALIGNED=aligned, num_warps={num_warps}, num_stages={num_stages})
-    return tuple(out.split(S))
+    return tuple(outs)
 '''
 
 
@@ -301,8 +301,7 @@ def _calls(name: str, kinds: list[tuple[str, str]]) -> list[str]:
 
 def render_group(match: Match, config: dict[str, Any], name: str) -> str:
     """One kernel for the bags of ``match.spec["group"]`` (each a bag's spec, its roles indexing the match's inputs),
-    which differ only in their tables, indices and offsets; their pooled rows share one output, returned as a view a
-    bag."""
+    which differ only in their tables, indices and offsets."""
     spec = match.spec
     first = spec["group"][0]
     block_d, block_l = _blocks(spec, config)
@@ -311,8 +310,10 @@ def render_group(match: Match, config: dict[str, Any], name: str) -> str:
     roles = [g["roles"] for g in spec["group"]]
     kinds = [(TL_DTYPES[dtype(match.inputs[r["idx"]])], TL_DTYPES[dtype(match.inputs[r["offsets"]])]) for r in roles]
     calls = "\n".join(" " * 8 + c for c in _calls(name, kinds))
+    pick = ["out = out0"] + [f"{'if' if t == 1 else 'elif'} t == {t}:\n            out = out{t}" for t in range(1, len(roles))]
     return (_ONE.format(name=name, body="\n".join("    " + b for b in body))
-            + _GROUP_KERNEL.format(name=name, width=len(_FIELDS), src_t=TL_DTYPES[dtype(match.inputs[roles[0]["table"]])],
+            + _GROUP_KERNEL.format(name=name, width=len(_FIELDS), outs=", ".join(f"out{t}" for t in range(len(roles))),
+                                   pick_out="\n".join(" " * 8 + p for p in pick), src_t=TL_DTYPES[dtype(match.inputs[roles[0]["table"]])],
                                    calls=calls)
             + _GROUP_LAUNCHER.format(
                 name=name, tables=[r["table"] for r in roles], idx=", ".join(_flat(match, r["idx"]) for r in roles),

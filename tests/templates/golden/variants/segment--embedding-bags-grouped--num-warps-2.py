@@ -62,26 +62,30 @@ def k0_segment_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, s
     tl.store(out0_ptr + bag * D + d, r.to(tl.float32), mask=dmask)
 
 @triton.jit
-def k0_segment_kernel(meta_ptr, out_ptr, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+def k0_segment_kernel(meta_ptr, out0, out1, out2, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
         UNIT_D: tl.constexpr, ALIGNED: tl.constexpr):
     bag = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < D
     t = tl.program_id(2)
-    m = meta_ptr + t * 9
+    m = meta_ptr + t * 8
     if bag < tl.load(m + 5):
         src = tl.load(m).to(tl.pointer_type(tl.float32))
-        sv = tl.load(m + 7)
+        sv = tl.load(m + 6)
         if ALIGNED:  # every table 16-byte aligned with rows a multiple of 16 elements apart: vector loads
             src = tl.multiple_of(src, 16)
             sv = tl.multiple_of(sv, 16)
         if UNIT_D:
             sd = 1
         else:
-            sd = tl.load(m + 8)
+            sd = tl.load(m + 7)
         nb = tl.load(m + 3)
         n = tl.load(m + 4)
-        out = out_ptr + tl.load(m + 6) * D
+        out = out0
+        if t == 1:
+            out = out1
+        elif t == 2:
+            out = out2
         idx = tl.load(m + 1).to(tl.pointer_type(tl.int64))
         bnd = tl.load(m + 2).to(tl.pointer_type(tl.int64))
         k0_segment_one(src, idx, bnd, nb, out, n, D, sv, sd, bag, d, dmask, BLOCK_L, BLOCK_D, EVEN_D)
@@ -93,10 +97,9 @@ def k0_segment_layout(srcs, idxs, bnds, S):
     """The kernel's layout tensor for these tables, indices and offsets, with its UNIT_D and ALIGNED flags; kept per
     layout, so a call on the same tensors (a model's weights, a loop's input buffers) copies nothing to the device.
     A layout first used while a CUDA graph is captured is kept for good: the graph reads it on every replay."""
-    vals, row = [], 0
+    vals = []
     for s, i, b, n in zip(srcs, idxs, bnds, S):
-        vals += [s.data_ptr(), i.data_ptr(), b.data_ptr(), b.numel(), i.numel(), n, row, s.stride(0), s.stride(1)]
-        row += n
+        vals += [s.data_ptr(), i.data_ptr(), b.data_ptr(), b.numel(), i.numel(), n, s.stride(0), s.stride(1)]
     key = tuple(vals)
     hit = k0_segment_layouts.get(key)
     capturing = srcs[0].is_cuda and torch.cuda.is_current_stream_capturing()
@@ -119,12 +122,12 @@ def k0_segment(*inputs):
     bnds = [inputs[2], inputs[5], inputs[8]]
     D = srcs[0].shape[1]
     S = [b.numel() - 0 for b in bnds]
-    out = torch.empty((sum(S), D), dtype=torch.float32, device=srcs[0].device)
+    outs = [torch.empty((s, D), dtype=torch.float32, device=srcs[0].device) for s in S]
     if max(S) > 0 and D > 0:
         meta, unit_d, aligned = k0_segment_layout(srcs, idxs, bnds, S)
-        k0_segment_kernel[(max(S), _cdiv(D, 32), 3)](meta, out, D, BLOCK_L=16, BLOCK_D=32,
+        k0_segment_kernel[(max(S), _cdiv(D, 32), 3)](meta, *outs, D, BLOCK_L=16, BLOCK_D=32,
             EVEN_D=D % 32 == 0, UNIT_D=unit_d, ALIGNED=aligned, num_warps=2, num_stages=1)
-    return tuple(out.split(S))
+    return tuple(outs)
 
 
 # ---- the reference, verbatim from the problem file ------------------------------------------------------------
