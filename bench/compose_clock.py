@@ -44,6 +44,11 @@ def host_ms(fn: Callable[[], Any], cuda: bool, calls: int = 20) -> float:
     return ms
 
 
+def _is_spin(name: str) -> bool:
+    """The kernel of ``torch.cuda._sleep`` (ATen's ``spin_kernel``), which spins the clock up before the call."""
+    return "spin_kernel" in name or "sleep" in name.lower()
+
+
 def device_ms(fn: Callable[[], Any], cuda: bool) -> float | None:
     """The device time of one call by the profiler: its kernels' time, summed (None on the CPU)."""
     import torch
@@ -61,7 +66,7 @@ def device_ms(fn: Callable[[], Any], cuda: bool) -> float | None:
         torch.cuda.synchronize()
     total = 0.0
     for e in prof.events():  # the kernels themselves, on the device's timeline (an op's row holds them again)
-        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA or "sleep" in e.name.lower():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA or _is_spin(e.name):
             continue
         if getattr(e, "is_user_annotation", False) or e.name.startswith("ProfilerStep"):
             continue
