@@ -184,9 +184,10 @@ def test_a_group_reads_its_tables_from_a_layout_kept_per_set_of_tensors(tmp_path
     fresh = [a.clone() for a in args]
     check(mod.seg0(*fresh), refs)
     assert len(mod.seg0_layouts) == 2
-    for _ in range(70):  # at most 64 layouts are kept
-        check(mod.seg0(*[a.clone() for a in args]), refs)
-    assert len(mod.seg0_layouts) == 64
+    alive = [[a.clone() for a in args] for _ in range(70)]  # 70 sets of tensors at addresses of their own
+    for xs in alive:
+        check(mod.seg0(*xs), refs)
+    assert len(mod.seg0_layouts) == 64  # at most 64 layouts are kept
 
 
 def test_a_bag_whose_table_is_another_bags_output_pools_after_it(tmp_path):
