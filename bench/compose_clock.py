@@ -49,8 +49,9 @@ def _is_spin(name: str) -> bool:
     return "spin_kernel" in name or "sleep" in name.lower()
 
 
-def device_ms(fn: Callable[[], Any], cuda: bool) -> float | None:
-    """The device time of one call by the profiler: its kernels' time, summed (None on the CPU)."""
+def device_ms(fn: Callable[[], Any], cuda: bool, kernels: dict[str, float] | None = None) -> float | None:
+    """The device time of one call by the profiler: its kernels' time, summed (None on the CPU); each kernel's own
+    time (ms, by name) into ``kernels`` where given."""
     import torch
 
     if not cuda:
@@ -70,7 +71,10 @@ def device_ms(fn: Callable[[], Any], cuda: bool) -> float | None:
             continue
         if getattr(e, "is_user_annotation", False) or e.name.startswith("ProfilerStep"):
             continue
-        total += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        total += us
+        if kernels is not None:
+            kernels[e.name[:90]] = kernels.get(e.name[:90], 0.0) + us / 1e3
     return total / 1e3
 
 
@@ -145,7 +149,9 @@ def measure(path: Path, top: int, work: Path, device: str) -> dict[str, Any]:
                 gc.unfreeze()
             b = {"do_bench_ms": statistics.median(rounds), "rounds_ms": rounds, "host_ms": host_ms(call, cuda),
                  "no_gc_ms": statistics.median(quiet), "no_gc_rounds_ms": quiet,
-                 "device_ms": device_ms(call, cuda), "graphs_warm": g1 - g0, "graphs_timed": graphs() - g1}
+                 "device_ms": device_ms(call, cuda, kernels := {}), "graphs_warm": g1 - g0,
+                 "graphs_timed": graphs() - g1}
+            b["kernels_ms"] = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:12])  # the largest, per call
             if name.startswith("composed"):
                 b["top"] = top_functions(call)
             row["builds"][name] = b
