@@ -6,8 +6,8 @@ hosts, timed beside the model's own eager and torch.compile builds.
 For each build: the call's median by ``triton.testing.do_bench`` in five rounds (a drift between rounds shows), the
 host's time per call (a loop of calls with no wait, the device idle before it), the device time of one call by the
 profiler (its kernels on the device's timeline), the same rounds with Python's garbage collector frozen and off, the
-graphs torch.compile built, and for the compositions the ten functions a call spends most host time in
-(cProfile, own time). A call slower than its device time with a host time near the call is bound by the host.
+graphs torch.compile built, the call captured in a CUDA graph and replayed, each build's largest kernels, and for
+the compositions the ten functions a call spends most host time in (cProfile, own time). A call slower than its device time with a host time near the call is bound by the host.
 """
 from __future__ import annotations
 
@@ -76,6 +76,30 @@ def device_ms(fn: Callable[[], Any], cuda: bool, kernels: dict[str, float] | Non
         if kernels is not None:
             kernels[e.name[:90]] = kernels.get(e.name[:90], 0.0) + us / 1e3
     return total / 1e3
+
+
+def graph_ms(fn: Callable[[], Any], cuda: bool) -> float | str | None:
+    """The call captured in a CUDA graph and replayed (``do_bench`` of the replay, median): what a model served with
+    CUDA graphs sees, host work gone. The reason where capture fails; None on the CPU."""
+    import torch
+
+    from bench.glue import call_ms
+
+    if not cuda:
+        return None
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return call_ms(graph.replay, "cuda")
+    except Exception as e:  # a build that cannot be captured
+        return f"{type(e).__name__}: {str(e)[:160]}"
 
 
 def top_functions(fn: Callable[[], Any], calls: int = 20, n: int = 10) -> list[str]:
@@ -151,13 +175,14 @@ def measure(path: Path, top: int, work: Path, device: str) -> dict[str, Any]:
                  "no_gc_ms": statistics.median(quiet), "no_gc_rounds_ms": quiet,
                  "device_ms": device_ms(call, cuda, kernels := {}), "graphs_warm": g1 - g0,
                  "graphs_timed": graphs() - g1}
+            b["graph_ms"] = graph_ms(call, cuda)
             b["kernels_ms"] = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:12])  # the largest, per call
             if name.startswith("composed"):
                 b["top"] = top_functions(call)
             row["builds"][name] = b
             print(f"{path.stem} {name:18} do_bench {b['do_bench_ms']:.4f} ms  no gc {b['no_gc_ms']:.4f} ms  "
                   f"host {b['host_ms']:.4f} ms  "
-                  f"device {b['device_ms'] or 0:.4f} ms  graphs {b['graphs_warm']}+{b['graphs_timed']}  rounds "
+                  f"device {b['device_ms'] or 0:.4f} ms  graph replay {b['graph_ms']}  graphs {b['graphs_warm']}+{b['graphs_timed']}  rounds "
                   + " ".join(f"{r:.3f}" for r in rounds) + "  no gc " + " ".join(f"{r:.3f}" for r in quiet),
                   flush=True)
     return row

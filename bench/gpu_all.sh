@@ -4,7 +4,7 @@
 # Usage: OUT=dir STEPS="tests screen experience suite wide load throughput kernelbench models clock glue report" TOP=1 BUDGET=40 AGAIN=120 \
 #        PAIRS="softmax_bf16 ..." PROBLEMS="..." EVALS=16 TESTS="tests/gpu" CONFIGS=240 \
 #        LEVELS="1 2" SAMPLE=16 SEED=35 KB_PROBLEMS="level1/20_LeakyReLU" COVERAGE=table.json FAMILIES=matmul MIN_CLAIMED=0.8 LIMIT=36 DEADLINE=480 KB_JSON=earlier.json KB_ROOT=.kb \
-#        MODELS="dlrm mmoe" L3_SEED=36 MODELS_JSON=earlier-models.json MODEL_TIMEOUT=540 \
+#        MODELS="dlrm mmoe" L3_SEED=36 MODELS_JSON=earlier-models.json MODEL_TIMEOUT=540 TIMING=graph \
 #        NO_MAX_AUTOTUNE=1 JUDGE=3 BASELINE=1 TESTS_TIMEOUT=120 SUITE_JSON=earlier-suite.json EXP_JSON=earlier-experience.json \
 #        COMMIT=abc1234 PROBLEM=bench/problems/layernorm_bf16.py bash bench/gpu_all.sh
 set -uo pipefail
@@ -108,7 +108,7 @@ for step in ${STEPS:-tests experience}; do
       # shellcheck disable=SC2086
       python3 bench/models.py --device cuda --budget-s "${BUDGET:-240}" --level3-seed "${L3_SEED:-36}" \
         ${MODELS:+--models $MODELS} ${KB_ROOT:+--level3-root $KB_ROOT/level3} ${DEADLINE:+--deadline-s $DEADLINE} \
-        ${MODEL_TIMEOUT:+--timeout $MODEL_TIMEOUT} \
+        ${MODEL_TIMEOUT:+--timeout $MODEL_TIMEOUT} ${TIMING:+--timing $TIMING} \
         --json "$OUT/models.json" --out-dir "$OUT/models" 2>&1 | tee "$OUT/models.log" | tail -30
       find "$OUT/models" -name .work -type d -prune -exec rm -rf {} + ; rm -f "$OUT"/models/models.db* ;;
     clock)

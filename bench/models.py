@@ -77,7 +77,7 @@ def run_model(path: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]
     """One model through the CLI in a process of its own; the row from its model_report.json."""
     cmd = [sys.executable, "-m", "kernelevolve.cli", "optimize-model", str(path), "--device", args.device,
            "--time-budget", str(args.budget_s), "--out", str(out), "--db", str(args.out_dir / "models.db"),
-           "--proposer", args.proposer, "--timing-budget-ms", str(args.timing_budget_ms)]
+           "--proposer", args.proposer, "--timing-budget-ms", str(args.timing_budget_ms), "--timing", args.timing]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.monotonic()
     # the run's output goes to run.log as it comes, each line with the seconds since the start, so that a run past
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=240.0, help="each model's whole budget (--time-budget)")
     ap.add_argument("--proposer", default="template,inductor")
     ap.add_argument("--timing-budget-ms", type=float, default=300.0)
+    ap.add_argument("--timing", choices=("call", "graph"), default="call",
+                    help="the clock that ranks kernels and judges the whole: call latency, or CUDA graph replay")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds for one model's whole run")
     ap.add_argument("--no-dobench", action="store_true", help="skip the independent clock (on the CPU: always)")
     ap.add_argument("--deadline-s", type=float, help="start no model after this many seconds (resume later)")
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = small_copy(path, args.out_dir / "small") if args.small and path.parent == MODELS else path
         print(f"{name}: optimize-model, {args.budget_s:.0f} s", flush=True)
         row = {"model": name, "category": category(path), "file": str(path), "small": args.small and
-               path.parent == MODELS} | run_model(problem, args, out)
+               path.parent == MODELS, "timing": args.timing} | run_model(problem, args, out)
         best = out / "best_model.py"
         if args.device == "cuda" and not args.no_dobench and best.exists():
             row["do_bench"] = db = dobench(problem, best, 600.0)

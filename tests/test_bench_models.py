@@ -81,7 +81,7 @@ def test_a_model_past_its_timeout_is_stopped_with_its_processes_and_says_so(tmp_
         return real_popen([sys.executable, str(script)], **kw)
 
     monkeypatch.setattr(models.subprocess, "Popen", popen)
-    args = argparse.Namespace(device="cpu", budget_s=1.0, out_dir=tmp_path, proposer="template",
+    args = argparse.Namespace(device="cpu", budget_s=1.0, out_dir=tmp_path, proposer="template", timing="call",
                               timing_budget_ms=10.0, timeout=3.0)
     t0 = time.monotonic()
     row = models.run_model(tmp_path / "model.py", args, tmp_path / "out")
