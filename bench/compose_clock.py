@@ -7,7 +7,8 @@ For each build: the call's median by ``triton.testing.do_bench`` in five rounds 
 host's time per call (a loop of calls with no wait, the device idle before it), the device time of one call by the
 profiler (its kernels on the device's timeline), the same rounds with Python's garbage collector frozen and off, the
 graphs torch.compile built, the call captured in a CUDA graph and replayed, each build's largest kernels, and for
-the compositions the ten functions a call spends most host time in (cProfile, own time). A call slower than its device time with a host time near the call is bound by the host.
+the compositions the ten functions a call spends most host time in (cProfile, own time). A call slower than its
+device time with a host time near the call is bound by the host.
 """
 from __future__ import annotations
 
@@ -182,7 +183,8 @@ def measure(path: Path, top: int, work: Path, device: str) -> dict[str, Any]:
             row["builds"][name] = b
             print(f"{path.stem} {name:18} do_bench {b['do_bench_ms']:.4f} ms  no gc {b['no_gc_ms']:.4f} ms  "
                   f"host {b['host_ms']:.4f} ms  "
-                  f"device {b['device_ms'] or 0:.4f} ms  graph replay {b['graph_ms']}  graphs {b['graphs_warm']}+{b['graphs_timed']}  rounds "
+                  f"device {b['device_ms'] or 0:.4f} ms  graph replay {b['graph_ms']}  "
+                  f"graphs {b['graphs_warm']}+{b['graphs_timed']}  rounds "
                   + " ".join(f"{r:.3f}" for r in rounds) + "  no gc " + " ".join(f"{r:.3f}" for r in quiet),
                   flush=True)
     return row

@@ -94,7 +94,8 @@ def test_template_kernels_run_at_every_instance(tmp_path: Path, monkeypatch: pyt
 TWO_BAGS = BAGS.replace('self.bag = nn.EmbeddingBag(rows, dim, mode="sum")',
                         'self.bag = nn.EmbeddingBag(rows, dim, mode="sum")\n'
                         '        self.bag2 = nn.EmbeddingBag(rows + 7, dim, mode="sum")') \
-               .replace("pooled = self.bag(ids, offsets)", "pooled = torch.stack([self.bag(ids, offsets), self.bag2(ids, offsets)], 1).sum(1)")
+               .replace("pooled = self.bag(ids, offsets)",
+                        "pooled = torch.stack([self.bag(ids, offsets), self.bag2(ids, offsets)], 1).sum(1)")
 
 
 @pytest.mark.parametrize("host", ["eager", "compile"])

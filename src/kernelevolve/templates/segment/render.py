@@ -214,7 +214,7 @@ def {name}_one(src_ptr, idx_ptr, bnd_ptr, n_bnd, out0_ptr, N, D, stride_v, strid
 '''
 
 # a table's row of the layout: its table, indices and offsets (addresses), the offsets' and indices' counts, its bag
-# count and the table's strides
+# count and the table's strides; the kernel's loads (m + 5 is S) and the layout's values follow this order
 _FIELDS = ("src", "idx", "bnd", "nb", "N", "S", "sv", "sd")
 
 _GROUP_KERNEL = '''
@@ -308,15 +308,16 @@ def render_group(match: Match, config: dict[str, Any], name: str) -> str:
     body = _pool(first, True)
     body.append(f"tl.store(out0_ptr + bag * D + d, r.to({TL_DTYPES[dtype(match.outputs[0])]}), mask=dmask)")
     roles = [g["roles"] for g in spec["group"]]
+    n = len(roles)
     kinds = [(TL_DTYPES[dtype(match.inputs[r["idx"]])], TL_DTYPES[dtype(match.inputs[r["offsets"]])]) for r in roles]
-    calls = "\n".join(" " * 8 + c for c in _calls(name, kinds))
-    pick = ["out = out0"] + [f"{'if' if t == 1 else 'elif'} t == {t}:\n            out = out{t}" for t in range(1, len(roles))]
-    return (_ONE.format(name=name, body="\n".join("    " + b for b in body))
-            + _GROUP_KERNEL.format(name=name, width=len(_FIELDS), outs=", ".join(f"out{t}" for t in range(len(roles))),
-                                   pick_out="\n".join(" " * 8 + p for p in pick), src_t=TL_DTYPES[dtype(match.inputs[roles[0]["table"]])],
-                                   calls=calls)
-            + _GROUP_LAUNCHER.format(
-                name=name, tables=[r["table"] for r in roles], idx=", ".join(_flat(match, r["idx"]) for r in roles),
-                offsets=", ".join(_flat(match, r["offsets"]) for r in roles), include_last=int(bool(first.get("include_last"))),
-                dtype=dtype(match.outputs[0]), n=len(roles), BLOCK_D=block_d, BLOCK_L=block_l,
-                num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1))))
+    pick = ["out = out0"] + [f"{'if' if t == 1 else 'elif'} t == {t}:\n            out = out{t}" for t in range(1, n)]
+    kernel = _GROUP_KERNEL.format(name=name, width=len(_FIELDS), outs=", ".join(f"out{t}" for t in range(n)),
+                                  src_t=TL_DTYPES[dtype(match.inputs[roles[0]["table"]])],
+                                  pick_out="\n".join(" " * 8 + p for p in pick),
+                                  calls="\n".join(" " * 8 + c for c in _calls(name, kinds)))
+    launcher = _GROUP_LAUNCHER.format(
+        name=name, tables=[r["table"] for r in roles], idx=", ".join(_flat(match, r["idx"]) for r in roles),
+        offsets=", ".join(_flat(match, r["offsets"]) for r in roles), include_last=int(bool(first.get("include_last"))),
+        dtype=dtype(match.outputs[0]), n=n, BLOCK_D=block_d, BLOCK_L=block_l,
+        num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1)))
+    return _ONE.format(name=name, body="\n".join("    " + b for b in body)) + kernel + launcher
