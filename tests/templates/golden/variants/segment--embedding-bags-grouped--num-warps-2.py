@@ -97,13 +97,18 @@ def k0_segment_layout(srcs, idxs, bnds, S):
     """The kernel's layout tensor for these tables, indices and offsets, with its UNIT_D and ALIGNED flags; kept per
     layout, so a call on the same tensors (a model's weights, a loop's input buffers) copies nothing to the device.
     A layout first used while a CUDA graph is captured is kept for good: the graph reads it on every replay."""
-    vals = []
-    for s, i, b, n in zip(srcs, idxs, bnds, S):
-        vals += [s.data_ptr(), i.data_ptr(), b.data_ptr(), b.numel(), i.numel(), n, s.stride(0), s.stride(1)]
-    key = tuple(vals)
+    # the key in three sweeps of tensor methods with no Python loop (a call's host time is mostly such small steps)
+    ptrs = tuple(map(torch.Tensor.data_ptr, srcs + idxs + bnds))
+    counts = tuple(map(torch.Tensor.numel, idxs + bnds))
+    strides = tuple(map(torch.Tensor.stride, srcs))
+    key = (ptrs, counts, strides)
     hit = k0_segment_layouts.get(key)
     capturing = srcs[0].is_cuda and torch.cuda.is_current_stream_capturing()
     if hit is None:
+        n = len(srcs)
+        vals = []
+        for t in range(n):
+            vals += [ptrs[t], ptrs[n + t], ptrs[2 * n + t], counts[n + t], counts[t], S[t], *strides[t]]
         host = torch.tensor(vals, dtype=torch.int64)
         meta = host.pin_memory().to(srcs[0].device, non_blocking=True) if srcs[0].is_cuda else host
         unit_d = all(s.stride(1) == 1 for s in srcs)
