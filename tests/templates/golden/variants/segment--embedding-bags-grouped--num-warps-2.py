@@ -111,8 +111,8 @@ def k0_segment_layout(srcs, idxs, bnds, S):
             vals += [ptrs[t], ptrs[n + t], ptrs[2 * n + t], counts[n + t], counts[t], S[t], *strides[t]]
         host = torch.tensor(vals, dtype=torch.int64)
         meta = host.pin_memory().to(srcs[0].device, non_blocking=True) if srcs[0].is_cuda else host
-        unit_d = all(s.stride(1) == 1 for s in srcs)
-        aligned = all(s.data_ptr() % 16 == 0 and s.stride(0) % 16 == 0 for s in srcs)
+        unit_d = all(sd == 1 for _, sd in strides)
+        aligned = all(p % 16 == 0 and sv % 16 == 0 for p, (sv, _) in zip(ptrs, strides))
         loose = [k for k, v in k0_segment_layouts.items() if not v[3]]
         if len(loose) >= 64:
             del k0_segment_layouts[loose[0]]
